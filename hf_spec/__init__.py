@@ -1,0 +1,38 @@
+"""hf-spec: lossless tree speculative decoding with trained drafters inside ``generate()``.
+
+``import hf_spec`` registers the drafter classes with ``AutoConfig``/``AutoModel`` and installs
+the one integration point (see :mod:`hf_spec.generation`): afterwards
+``target.generate(input_ids, assistant_model=drafter)`` runs hf-spec's tree decoding.
+"""
+
+from transformers import AutoConfig, AutoModel
+
+from .drafters import EagleDrafter, EagleDrafterConfig, SpecDrafterConfig, SpecDrafterModel
+from .generation import GenerationStats, install, speculative_decode, uninstall
+from .tree.dynamic import TreeShape
+from .tree.tree import DraftTree
+
+__version__ = "0.1.0"
+
+DRAFTER_CLASSES = {EagleDrafterConfig.model_type: (EagleDrafterConfig, EagleDrafter)}
+"""model_type -> (config class, model class) of every drafter family."""
+
+for _model_type, (_config_class, _model_class) in DRAFTER_CLASSES.items():
+    AutoConfig.register(_model_type, _config_class, exist_ok=True)
+    AutoModel.register(_config_class, _model_class, exist_ok=True)
+
+install()
+
+__all__ = [
+    "EagleDrafter",
+    "EagleDrafterConfig",
+    "SpecDrafterConfig",
+    "SpecDrafterModel",
+    "GenerationStats",
+    "DraftTree",
+    "TreeShape",
+    "DRAFTER_CLASSES",
+    "install",
+    "uninstall",
+    "speculative_decode",
+]

@@ -1,0 +1,36 @@
+"""Every touch of transformers internals lives here (tested against transformers>=5.23,<5.24).
+
+- ``DynamicCache.layers[i].keys/.values`` are read and reassigned to compact the cache.
+- ``GenerationMixin.generate`` is wrapped (see :mod:`hf_spec.generation`), and its
+  ``custom_generate=callable`` hook is used to run our decoding loop inside transformers'
+  own argument preparation.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+SUPPORTED_TRANSFORMERS = ">=5.23,<5.24"
+
+
+def full_dynamic_cache() -> DynamicCache:
+    """A DynamicCache whose layers keep every position.
+
+    Built without a config on purpose: sliding-window layers drop old positions, while the
+    tree path indexes the cache by absolute position and applies any sliding window in its
+    attention masks instead.
+    """
+    return DynamicCache()
+
+
+def cache_layers_kv(cache: DynamicCache):
+    """Yield (layer, keys, values) for every initialised layer of a DynamicCache."""
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
+            yield layer, layer.keys, layer.values
+
+
+def set_layer_kv(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    layer.keys = keys
+    layer.values = values

@@ -1,0 +1,6 @@
+"""Drafter families: one module per family, each a PretrainedConfig + PreTrainedModel."""
+
+from .base import SpecDrafterConfig, SpecDrafterModel
+from .eagle import EagleDrafter, EagleDrafterConfig
+
+__all__ = ["SpecDrafterConfig", "SpecDrafterModel", "EagleDrafter", "EagleDrafterConfig"]

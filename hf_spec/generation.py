@@ -1,0 +1,294 @@
+"""The tree speculative decoding loop and its one integration point with transformers.
+
+Integration: :func:`install` (run by ``import hf_spec``) wraps
+``transformers.GenerationMixin.generate`` once. When ``assistant_model`` is an hf-spec
+drafter, the wrapper calls the original ``generate`` with ``custom_generate=`` our loop, so
+transformers still prepares the generation config, logits processors/warpers and stopping
+criteria exactly as for plain decoding; every other call goes to transformers untouched.
+:func:`uninstall` restores the original method.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GenerationMixin
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from . import compat
+from .cache import crop_to, keep_accepted
+from .drafters.base import SpecDrafterModel
+from .verify import verify_tree
+
+TREE_KWARGS = ("tree_depth", "tree_top_k", "tree_total_tokens")
+
+
+@dataclass
+class GenerationStats:
+    """What one speculative generate() call did.
+
+    ``accepted_lengths``: drafted tokens accepted in each cycle (each cycle also emits one
+    target token). Seconds: ``target_forward_seconds`` (prefill + verification forwards),
+    ``drafter_forward_seconds`` (drafter forwards), ``total_seconds`` (the whole loop).
+    """
+
+    accepted_lengths: list[int] = field(default_factory=list)
+    new_tokens: int = 0
+    target_forward_seconds: float = 0.0
+    drafter_forward_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    @property
+    def cycles(self) -> int:
+        return len(self.accepted_lengths)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per verification forward (accepted drafts + 1)."""
+        if not self.accepted_lengths:
+            return float("nan")
+        return sum(self.accepted_lengths) / len(self.accepted_lengths) + 1.0
+
+    def acceptance_by_position(self) -> list[float]:
+        """Share of cycles whose i-th draft position (i = 1, 2, …) was accepted."""
+        if not self.accepted_lengths:
+            return []
+        deepest = max(self.accepted_lengths)
+        return [sum(a >= i for a in self.accepted_lengths) / self.cycles for i in range(1, deepest + 1)]
+
+    @property
+    def overhead_share(self) -> float:
+        """Share of the loop's wall time spent outside the two models' forwards."""
+        if self.total_seconds <= 0:
+            return float("nan")
+        return 1.0 - (self.target_forward_seconds + self.drafter_forward_seconds) / self.total_seconds
+
+
+class _Target:
+    """The target split into its base model (features = post-norm last hidden state) and LM head."""
+
+    def __init__(self, model):
+        self.model = model
+        self.base = model.base_model
+        self.lm_head = model.get_output_embeddings()
+        self.sliding_window = target_sliding_window(model.config)
+        self.seconds = 0.0
+
+    def forward(self, input_ids, cache, attention_mask=None, position_ids=None):
+        start = time.perf_counter()
+        out = self.base(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        features = out.last_hidden_state[0]
+        logits = self.lm_head(features).float()
+        self.seconds += time.perf_counter() - start
+        return features, logits
+
+
+def target_sliding_window(config) -> int | None:
+    """The target's attention window if all its layers use one, None if none do."""
+    config = config.get_text_config()
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+        return None
+    if layer_types is not None and any(t != "sliding_attention" for t in layer_types):
+        raise ValueError(
+            "Targets that mix sliding-window and full-attention layers are not supported by tree verification yet. "
+            "Fix: use plain generate() or transformers' assisted decoding for this model."
+        )
+    if getattr(config, "model_type", None) == "qwen2" and not getattr(config, "use_sliding_window", False):
+        return None
+    return int(window)
+
+
+def check_supported(model, drafter, input_ids, generation_config, model_kwargs) -> None:
+    """Raise ValueError for anything the tree path cannot do losslessly, before generating."""
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"hf-spec tree decoding supports batch size 1, got {input_ids.shape[0]} sequences. "
+            "Fix: call generate() once per prompt (batched tree decoding is not implemented yet)."
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("The prompt is empty. Fix: pass at least one token (e.g. the BOS token).")
+    unsupported = []
+    if generation_config.num_beams != 1:
+        unsupported.append(f"num_beams={generation_config.num_beams} (beam search)")
+    if getattr(generation_config, "penalty_alpha", None):
+        unsupported.append("penalty_alpha (contrastive search)")
+    if generation_config.num_return_sequences != 1:
+        unsupported.append(f"num_return_sequences={generation_config.num_return_sequences}")
+    if generation_config.output_attentions or generation_config.output_hidden_states:
+        unsupported.append("output_attentions/output_hidden_states")
+    if unsupported:
+        raise ValueError(
+            "hf-spec speculative decoding supports greedy and sampling (temperature/top-k/top-p and other logits "
+            f"processors) only; unsupported: {', '.join(unsupported)}. Fix: drop these options, or call generate() "
+            "without `assistant_model` to use transformers' own decoding."
+        )
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.bool().all()):
+        raise ValueError("Padded prompts are not supported with batch size 1. Fix: pass the prompt without padding.")
+    past = model_kwargs.get("past_key_values")
+    if past is not None and past.get_seq_length() > 0:
+        raise ValueError("Continuing from a pre-filled past_key_values is not supported. Fix: pass the full prompt.")
+    max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if max_positions is not None and input_ids.shape[1] >= max_positions:
+        raise ValueError(
+            f"The prompt has {input_ids.shape[1]} tokens but the target's context window is {max_positions}. "
+            "Fix: truncate the prompt."
+        )
+
+
+def speculative_decode(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    *,
+    drafter: SpecDrafterModel,
+    streamer=None,
+    tree_depth: int | None = None,
+    tree_top_k: int | None = None,
+    tree_total_tokens: int | None = None,
+    **model_kwargs,
+):
+    """Tree speculative decoding of ``model`` with ``drafter`` (batch size 1).
+
+    Called by transformers' ``generate`` (``custom_generate``) with the prepared processors,
+    stopping criteria and generation config. Returns what ``generate`` would.
+    """
+    check_supported(model, drafter, input_ids, generation_config, model_kwargs)
+    if not drafter.is_bound_to(model):
+        drafter.bind(model)
+    do_sample = bool(generation_config.do_sample)
+    shape = drafter.tree_shape(tree_depth, tree_top_k, tree_total_tokens)
+    shape.validate(do_sample)
+    temperature = float(generation_config.temperature or 1.0) if do_sample else 1.0
+
+    stats = GenerationStats()
+    drafter.last_generation_stats = stats
+    loop_start = time.perf_counter()
+    target = _Target(model)
+    session = drafter.new_drafting_session(model, shape, do_sample, temperature)
+    keep_scores = bool(generation_config.return_dict_in_generate and generation_config.output_scores)
+    keep_logits = bool(generation_config.return_dict_in_generate and generation_config.output_logits)
+    all_scores, all_logits = [], []
+
+    cache = compat.full_dynamic_cache()
+    features, logits = target.forward(input_ids, cache)
+    sequence = input_ids
+    prompt_length = input_ids.shape[1]
+
+    def process(context: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+        return logits_processor(context, raw.view(1, -1))[0] if len(logits_processor) else raw
+
+    first_scores = process(sequence, logits[-1])
+    if do_sample:
+        first = torch.multinomial(torch.softmax(first_scores, dim=-1), 1)
+    else:
+        first = first_scores.argmax().view(1)
+    pending_features = features
+    pending_tokens = torch.cat([input_ids[0, 1:], first])
+    emitted = [int(first)]
+    step_scores, step_logits = [first_scores], [logits[-1]]
+
+    finished = False
+    while True:
+        for i, token in enumerate(emitted):
+            sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=1)
+            if streamer is not None:
+                streamer.put(torch.tensor([token]))
+            if keep_scores:
+                all_scores.append(step_scores[i].view(1, -1))
+            if keep_logits:
+                all_logits.append(step_logits[i].view(1, -1))
+            if bool(stopping_criteria(sequence, None).all()):
+                finished = True
+                break
+        if finished:
+            break
+
+        tree = session.propose(pending_features, pending_tokens)
+        past = cache.get_seq_length()
+        features, logits = target.forward(
+            tree.tokens.view(1, -1),
+            cache,
+            attention_mask=tree.attention_mask(past, target.base.dtype, target.sliding_window),
+            position_ids=tree.position_ids(past),
+        )
+
+        def process_node(node: int, raw: torch.Tensor) -> torch.Tensor:
+            if not len(logits_processor):
+                return raw
+            context = torch.cat([sequence, tree.path_tokens(node).view(1, -1)], dim=1)
+            return process(context, raw)
+
+        walk = verify_tree(tree, logits, process_node, do_sample, keep_scores=keep_scores or keep_logits)
+        stats.accepted_lengths.append(walk.num_accepted_drafts)
+        accepted = torch.tensor(walk.nodes, device=features.device)
+        keep_accepted(cache, past, accepted)
+        pending_features = features[accepted]
+        pending_tokens = torch.tensor(walk.tokens, device=features.device)
+        emitted, step_scores, step_logits = walk.tokens, walk.scores, walk.logits
+
+    crop_to(cache, sequence.shape[1] - 1)
+    if streamer is not None:
+        streamer.end()
+    stats.new_tokens = sequence.shape[1] - prompt_length
+    stats.target_forward_seconds = target.seconds
+    stats.drafter_forward_seconds = getattr(session, "forward_seconds", 0.0)
+    stats.total_seconds = time.perf_counter() - loop_start
+    if generation_config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(
+            sequences=sequence,
+            scores=tuple(all_scores) if keep_scores else None,
+            logits=tuple(all_logits) if keep_logits else None,
+            past_key_values=cache if generation_config.use_cache else None,
+        )
+    return sequence
+
+
+# -- the integration point ---------------------------------------------------------------------
+_original_generate = None
+
+
+def _routing_generate(self, *args, assistant_model=None, streamer=None, custom_generate=None, **kwargs):
+    if not isinstance(assistant_model, SpecDrafterModel):
+        return _original_generate(
+            self, *args, assistant_model=assistant_model, streamer=streamer, custom_generate=custom_generate, **kwargs
+        )
+    if custom_generate is not None:
+        raise ValueError("`custom_generate` cannot be combined with an hf-spec drafter as `assistant_model`.")
+    loop = functools.partial(speculative_decode, drafter=assistant_model, streamer=streamer)
+    return _original_generate(self, *args, streamer=streamer, custom_generate=loop, **kwargs)
+
+
+def install() -> None:
+    """Route ``generate(assistant_model=<hf-spec drafter>)`` to the tree loop (idempotent)."""
+    global _original_generate
+    if _original_generate is not None:
+        return
+    _original_generate = GenerationMixin.generate
+    GenerationMixin.generate = functools.wraps(_original_generate)(_routing_generate)
+
+
+def uninstall() -> None:
+    """Restore transformers' own ``GenerationMixin.generate``."""
+    global _original_generate
+    if _original_generate is None:
+        return
+    GenerationMixin.generate = _original_generate
+    _original_generate = None
+
+
+def is_installed() -> bool:
+    return _original_generate is not None
