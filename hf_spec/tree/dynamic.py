@@ -76,8 +76,8 @@ def draw_candidates(logq: torch.Tensor, k: int, sample: bool, generator: torch.G
     if not sample:
         values, tokens = logq.topk(k, dim=-1)
         return tokens, values
-    uniform = torch.rand(logq.shape, generator=generator, device=logq.device, dtype=torch.float32)
-    gumbel = -torch.log(-torch.log(uniform.clamp_(1e-20, 1.0)).clamp_(min=1e-20))
+    exponential = torch.empty(logq.shape, device=logq.device, dtype=torch.float32).exponential_(generator=generator)
+    gumbel = -torch.log(exponential.clamp_(min=1e-30))  # Gumbel(0, 1) noise
     _, tokens = (logq.float() + gumbel).topk(k, dim=-1)
     return tokens, logq.gather(-1, tokens)
 

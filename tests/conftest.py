@@ -1,0 +1,116 @@
+"""Tiny random targets and drafters built from configs, shared by the unit tests."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+import hf_spec
+from hf_spec.training.losses import eagle_loss
+
+FAMILIES = ("llama", "qwen2", "mistral")
+
+# Tiny models: thread hand-offs cost more than the matmuls (30x slower with 2 threads on a busy CI box).
+torch.set_num_threads(1)
+
+_COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    bos_token_id=0,
+    eos_token_id=None,
+    pad_token_id=0,
+)
+
+
+def make_target(family: str = "llama", vocab_size: int = 128, seed: int = 0, logit_scale: float = 30.0, **overrides):
+    """A tiny random causal LM of ``family`` in fp32, eval mode, with peaked next-token distributions."""
+    torch.manual_seed(seed)
+    kwargs = {**_COMMON, "vocab_size": vocab_size, **overrides}
+    if family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**kwargs))
+    elif family == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**kwargs))
+    elif family == "mistral":
+        model = MistralForCausalLM(MistralConfig(**{"sliding_window": None, **kwargs}))
+    else:
+        raise ValueError(family)
+    with torch.no_grad():  # random init gives near-uniform next-token distributions; sharpen them
+        model.get_output_embeddings().weight.mul_(logit_scale)
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def random_prompt(length: int = 10, vocab_size: int = 128, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, vocab_size, (1, length), generator=g)
+
+
+def train_drafter_on_outputs(target, drafter, steps: int = 400, num_sequences: int = 128, length: int = 40,
+                             batch_size: int = 32, do_sample: bool = False, seed: int = 0, lr: float = 3e-3):  # fmt: skip
+    """Fit ``drafter`` to ``target``'s own generations with the EAGLE loss (a near-oracle drafter)."""
+    vocab = target.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(1, vocab, (num_sequences, 4), generator=g)
+    with torch.no_grad():
+        torch.manual_seed(seed)
+        hf_spec.uninstall()
+        try:
+            data = target.generate(prompts, max_new_tokens=length, do_sample=do_sample, min_new_tokens=length)
+        finally:
+            hf_spec.install()
+        features = target.base_model(input_ids=data).last_hidden_state
+        logits = target.get_output_embeddings()(features)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr)
+    drafter.train()
+    for _ in range(steps):
+        rows = torch.randint(0, num_sequences, (batch_size,), generator=g)
+        ids, feats, target_logits = data[rows], features[rows], logits[rows]
+        out = drafter(input_ids=ids[:, 1:], hidden_states=feats[:, :-1], output_logits=True)
+        loss = eagle_loss(out.last_hidden_state[:, :-1], feats[:, 1:-1], out.logits[:, :-1], target_logits[:, 1:-1])
+        loss = loss["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    drafter.eval()
+    return drafter
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_oracle(family: str, vocab_size: int, do_sample: bool, overrides: tuple):
+    target = make_target(family, vocab_size=vocab_size, **dict(overrides))
+    drafter = hf_spec.EagleDrafter.from_target(target)
+    train_drafter_on_outputs(target, drafter, do_sample=do_sample)
+    return target, drafter
+
+
+def oracle_pair(family: str = "llama", vocab_size: int = 128, do_sample: bool = False, **overrides):
+    """(target, drafter trained on the target's outputs), cached for the session."""
+    return _cached_oracle(family, vocab_size, do_sample, tuple(sorted(overrides.items())))
+
+
+def plain_generate(target, input_ids, **kwargs):
+    """transformers' own generate(), bypassing hf-spec's routing entirely."""
+    hf_spec.uninstall()
+    try:
+        return target.generate(input_ids, **kwargs)
+    finally:
+        hf_spec.install()
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request):
+    return request.param
