@@ -10,6 +10,7 @@ criteria exactly as for plain decoding; every other call goes to transformers un
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from dataclasses import dataclass, field
@@ -119,11 +120,11 @@ def check_supported(model, drafter, input_ids, generation_config, model_kwargs) 
     if input_ids.shape[1] == 0:
         raise ValueError("The prompt is empty. Fix: pass at least one token (e.g. the BOS token).")
     unsupported = []
-    if generation_config.num_beams != 1:
+    if (generation_config.num_beams or 1) != 1:
         unsupported.append(f"num_beams={generation_config.num_beams} (beam search)")
     if getattr(generation_config, "penalty_alpha", None):
         unsupported.append("penalty_alpha (contrastive search)")
-    if generation_config.num_return_sequences != 1:
+    if (generation_config.num_return_sequences or 1) != 1:
         unsupported.append(f"num_return_sequences={generation_config.num_return_sequences}")
     if generation_config.output_attentions or generation_config.output_hidden_states:
         unsupported.append("output_attentions/output_hidden_states")
@@ -268,8 +269,20 @@ def _routing_generate(self, *args, assistant_model=None, streamer=None, custom_g
         )
     if custom_generate is not None:
         raise ValueError("`custom_generate` cannot be combined with an hf-spec drafter as `assistant_model`.")
+    _precheck(self, args, kwargs)
     loop = functools.partial(speculative_decode, drafter=assistant_model, streamer=streamer)
     return _original_generate(self, *args, streamer=streamer, custom_generate=loop, **kwargs)
+
+
+def _precheck(model, args, kwargs) -> None:
+    """Fail before transformers touches the streamer or the cache on options we reject anyway."""
+    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    generation_config = copy.deepcopy(args[1] if len(args) > 1 and args[1] is not None else
+                                      kwargs.get("generation_config") or model.generation_config)  # fmt: skip
+    generation_config.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
+        inputs = torch.ones(1, 1, dtype=torch.long)
+    check_supported(model, None, inputs, generation_config, {})
 
 
 def install() -> None:
