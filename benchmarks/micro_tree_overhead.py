@@ -1,0 +1,113 @@
+"""Micro-benchmark of the tree loop itself: τ and the share of a cycle spent outside the models.
+
+For a near-oracle drafter (an EAGLE drafter fitted to the target's own greedy outputs) on
+a tiny random Llama and on a random Llama shaped like SmolLM2-135M (30 layers, hidden 576,
+vocab 49152), it reports τ (tokens per target forward) and the share of the decoding loop's
+wall time spent outside the target's and the drafter's forwards (tree building,
+verification walk, cache compaction, bookkeeping). Random weights: the numbers describe the
+engine's overhead, not a real drafter's acceptance.
+
+    python benchmarks/micro_tree_overhead.py --out benchmarks/micro_tree_overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import hf_spec  # noqa: E402
+from conftest import train_drafter_on_outputs  # noqa: E402
+
+torch.set_num_threads(torch.get_num_interop_threads())  # conftest pins 1 thread for tiny unit tests; undo it
+
+SHAPES = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=128),
+    "smollm2-135m-shaped": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                num_attention_heads=9, num_key_value_heads=3, vocab_size=49152),
+}  # fmt: skip
+
+
+def build(shape: str, dtype: torch.dtype):
+    torch.manual_seed(0)
+    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=2048, bos_token_id=0, eos_token_id=None,
+                         pad_token_id=0, tie_word_embeddings=False)  # fmt: skip
+    target = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(30.0)  # peaked distributions, like a real LM's
+    drafter = hf_spec.EagleDrafter.from_target(target)
+    steps = 400 if shape == "tiny" else 150
+    sequences, batch = (128, 32) if shape == "tiny" else (32, 4)
+    train_drafter_on_outputs(target, drafter, steps=steps, num_sequences=sequences, batch_size=batch, length=40)
+    return target.to(dtype), drafter.to(dtype)
+
+
+def measure(shape: str, dtype: torch.dtype, prompts: int, new_tokens: int, tree: dict) -> dict:
+    target, drafter = build(shape, dtype)
+    vocab = SHAPES[shape]["vocab_size"]
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for i in range(prompts + 1):  # the first run warms up and is dropped
+        prompt = torch.randint(1, vocab, (1, 16), generator=g)
+        target.generate(prompt, assistant_model=drafter, max_new_tokens=new_tokens, do_sample=False, **tree)
+        s = drafter.last_generation_stats
+        if i:
+            rows.append((s.tau, s.total_seconds, s.target_forward_seconds, s.drafter_forward_seconds, s.cycles))
+    total = sum(r[1] for r in rows)
+    target_s = sum(r[2] for r in rows)
+    drafter_s = sum(r[3] for r in rows)
+    cycles = sum(r[4] for r in rows)
+    return {
+        "shape": shape,
+        "dtype": str(dtype).replace("torch.", ""),
+        "tree": tree,
+        "prompts": prompts,
+        "new_tokens": new_tokens,
+        "tau": sum(r[0] for r in rows) / len(rows),
+        "cycle_ms": 1000 * total / cycles,
+        "target_forward_share": target_s / total,
+        "drafter_forward_share": drafter_s / total,
+        "overhead_share": 1 - (target_s + drafter_s) / total,
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    results = []
+    for shape in args.shapes:
+        for dtype in (torch.float32, torch.bfloat16):
+            for tree in (dict(tree_depth=6, tree_top_k=8, tree_total_tokens=60),
+                         dict(tree_depth=5, tree_top_k=1, tree_total_tokens=5)):  # fmt: skip
+                start = time.time()
+                row = measure(shape, dtype, args.prompts, args.new_tokens, tree)
+                row["wall_s"] = round(time.time() - start, 1)
+                results.append(row)
+                print(json.dumps(row), flush=True)
+    record = {
+        "command": "python " + " ".join(sys.argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+                    "torch": torch.__version__},  # fmt: skip
+        "results": results,
+    }
+    if args.out:
+        args.out.write_text(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()
