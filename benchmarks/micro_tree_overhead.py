@@ -38,7 +38,7 @@ SHAPES = {
 }  # fmt: skip
 
 
-def build(shape: str, dtype: torch.dtype):
+def build(shape: str):
     torch.manual_seed(0)
     config = LlamaConfig(**SHAPES[shape], max_position_embeddings=2048, bos_token_id=0, eos_token_id=None,
                          pad_token_id=0, tie_word_embeddings=False)  # fmt: skip
@@ -49,11 +49,11 @@ def build(shape: str, dtype: torch.dtype):
     steps = 400 if shape == "tiny" else 150
     sequences, batch = (128, 32) if shape == "tiny" else (32, 4)
     train_drafter_on_outputs(target, drafter, steps=steps, num_sequences=sequences, batch_size=batch, length=40)
-    return target.to(dtype), drafter.to(dtype)
+    return target, drafter
 
 
-def measure(shape: str, dtype: torch.dtype, prompts: int, new_tokens: int, tree: dict) -> dict:
-    target, drafter = build(shape, dtype)
+def measure(target, drafter, shape: str, prompts: int, new_tokens: int, tree: dict) -> dict:
+    dtype = target.dtype
     vocab = SHAPES[shape]["vocab_size"]
     g = torch.Generator().manual_seed(1)
     rows = []
@@ -90,11 +90,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     results = []
     for shape in args.shapes:
+        target, drafter = build(shape)
         for dtype in (torch.float32, torch.bfloat16):
+            target, drafter = target.to(dtype), drafter.to(dtype)
             for tree in (dict(tree_depth=6, tree_top_k=8, tree_total_tokens=60),
                          dict(tree_depth=5, tree_top_k=1, tree_total_tokens=5)):  # fmt: skip
                 start = time.time()
-                row = measure(shape, dtype, args.prompts, args.new_tokens, tree)
+                row = measure(target, drafter, shape, args.prompts, args.new_tokens, tree)
                 row["wall_s"] = round(time.time() - start, 1)
                 results.append(row)
                 print(json.dumps(row), flush=True)

@@ -184,6 +184,7 @@ def speculative_decode(
     keep_logits = bool(generation_config.return_dict_in_generate and generation_config.output_logits)
     all_scores, all_logits = [], []
 
+    input_ids = input_ids.to(model.device)
     cache = compat.full_dynamic_cache()
     features, logits = target.forward(input_ids, cache)
     sequence = input_ids
