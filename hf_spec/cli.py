@@ -44,6 +44,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each data set")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--output-dir", default=None, help="default: results/<target>-<UTC time>")
 
 
@@ -52,6 +53,10 @@ def _run_bench(args: argparse.Namespace) -> int:
     from .bench.report import write_report
 
     dtype = DTYPES[args.dtype]
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     method_names = list(dict.fromkeys(["plain", *args.methods]))
     model, tokenizer = load_model(args.target, dtype)
     if tokenizer is None:

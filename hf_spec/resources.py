@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import torch
 from filelock import FileLock
 
 __all__ = [
@@ -285,7 +286,6 @@ def _converted_dir(entry: PackagedModel) -> Path:
 
 def _convert(entry: PackagedModel, workdir: Path, out_dir: Path) -> None:
     """Assemble + hash-check the GGUF, dequantize it, and save an fp32 safetensors copy."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dirs = _require_all(entry.packages)
@@ -349,19 +349,16 @@ def packaged_model_path(name: str) -> Path:
     return final
 
 
-def load_packaged_model(name: str, dtype=None, attn_implementation: str = "sdpa"):
+def load_packaged_model(name: str, dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa"):
     """Load a packaged model and its tokenizer: ``(model, tokenizer)``, in eval mode.
 
-    ``dtype`` defaults to ``torch.bfloat16``; use ``torch.float32`` for exact-match tests.
-    Raises :class:`MissingPackageError` (with the pip command) if a package is missing.
+    bf16 is the speed setting on this project's CPUs; use ``torch.float32`` for exact-match
+    tests. Raises :class:`MissingPackageError` (with the pip command) if a package is missing.
     """
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = packaged_model_path(name)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype or torch.bfloat16, attn_implementation=attn_implementation
-    )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model.eval(), tokenizer
 

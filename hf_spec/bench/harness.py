@@ -210,6 +210,7 @@ def run_benchmark(
     """
     if not any(m.name == "plain" for m in methods):
         raise ValueError("methods must include 'plain', the reference for speedup and identity")
+    methods = list(methods)
     counter = ForwardCounter(model)
     rows: list[dict] = []
     try:
@@ -273,7 +274,8 @@ def summarize(rows: list[dict], methods: Sequence[str]) -> dict[str, dict[str, d
 
     ``tokens_per_s`` = total new tokens / total seconds; ``speedup`` = that over plain's;
     ``wall_speedup`` = plain's total seconds / the method's (equal to ``speedup`` when the
-    outputs are identical); ``tau`` = total tokens / total target forwards (pure prefills
+    outputs are identical); ``median_speedup`` = median over prompts of the method's
+    tokens/s over plain's on the same prompt (robust to bursts of load); ``tau`` = total tokens / total target forwards (pure prefills
     excluded); ``identical`` = outputs token-identical to plain, out of ``prompts``.
     """
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
@@ -301,7 +303,21 @@ def summarize(rows: list[dict], methods: Sequence[str]) -> dict[str, dict[str, d
         for m, s in summary[ds].items():
             s["speedup"] = s["tokens_per_s"] / base["tokens_per_s"] if base and s["tokens_per_s"] else None
             s["wall_speedup"] = base["seconds"] / s["seconds"] if base and s["seconds"] else None
+            s["median_speedup"] = _median_paired_speedup(rows, ds, m)
     return summary
+
+
+def _median_paired_speedup(rows: list[dict], dataset: str, method: str) -> float | None:
+    rate = {(r["dataset"], r["id"], r["method"]): r["new_tokens"] / r["seconds"] for r in rows if r["seconds"] > 0}
+    ratios = sorted(
+        rate[(d, i, method)] / rate[(d, i, "plain")]
+        for (d, i, m) in rate
+        if m == method and (dataset == "all" or d == dataset) and (d, i, "plain") in rate
+    )
+    if not ratios:
+        return None
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
 def machine_info(dtype: torch.dtype) -> dict[str, Any]:
