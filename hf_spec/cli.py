@@ -64,12 +64,13 @@ def _run_bench(args: argparse.Namespace) -> int:
     methods = [parse_method(m, dtype, tokenizer) for m in method_names]
     prompts = build_prompts(tokenizer, args.datasets, args.limit)
     settings = BenchSettings(max_new_tokens=args.max_new_tokens)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     load_before = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     rows = run_benchmark(model, prompts, methods, settings, tokenizer)
     summary = summarize(rows, method_names)
     metadata = run_metadata(
         settings, dtype, command=shlex.join(["hf-spec", *args.argv]), target=args.target, methods=method_names, datasets=args.datasets, limit=args.limit,
-        method_info={m.name: m.info for m in methods}, load_average_before=load_before,
+        method_info={m.name: m.info for m in methods}, started=started, load_average_before=load_before,
     )
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = args.output_dir or f"results/{re.sub(r'[^A-Za-z0-9._-]+', '_', args.target)}-{stamp}"

@@ -345,7 +345,7 @@ def machine_info(dtype: torch.dtype) -> dict[str, Any]:
 
 
 def run_metadata(settings: BenchSettings, dtype: torch.dtype, command: str | None = None, **extra) -> dict[str, Any]:
-    """Command line, date, machine and settings of a run."""
+    """Command line, date (when this is called: the end of a run), machine and settings."""
     return {
         "command": command or shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
