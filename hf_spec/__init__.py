@@ -9,6 +9,7 @@ from transformers import AutoConfig, AutoModel
 
 from .drafters import EagleDrafter, EagleDrafterConfig, SpecDrafterConfig, SpecDrafterModel
 from .generation import GenerationStats, install, speculative_decode, uninstall
+from .resources import PACKAGED_MODELS, load_packaged_model, packaged_model_path
 from .tree.dynamic import TreeShape
 from .tree.tree import DraftTree
 
@@ -35,4 +36,7 @@ __all__ = [
     "install",
     "uninstall",
     "speculative_decode",
+    "load_packaged_model",
+    "packaged_model_path",
+    "PACKAGED_MODELS",
 ]

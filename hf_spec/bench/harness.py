@@ -54,12 +54,17 @@ class BenchSettings:
 
 
 class ForwardCounter:
-    """Counts a model's forward calls (a forward pre-hook) and the input length of the first."""
+    """Counts a model's transformer passes and the input length of the first.
+
+    The pre-hook sits on the base model (``model.base_model``), which every method runs once
+    per target pass: transformers' own decoding through ``model.forward`` and hf-spec's tree
+    loop, which calls the base model directly and applies the LM head itself.
+    """
 
     def __init__(self, model: torch.nn.Module):
         self.calls = 0
         self.first_input_len: int | None = None
-        self._handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        self._handle = getattr(model, "base_model", model).register_forward_pre_hook(self._hook, with_kwargs=True)
 
     def _hook(self, module, args, kwargs):
         if self.calls == 0:
