@@ -12,6 +12,26 @@ from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 from ..tree.dynamic import TreeShape
 
 
+CHECKPOINT_FORMAT_VERSION = "0.1"
+"""Version of the drafter checkpoint format written into every config (``hf_spec_version``)."""
+
+
+def _check_format_version(saved: str | None, config_name: str) -> None:
+    """Refuse configs written by a newer checkpoint format than this package understands."""
+    if saved is None:
+        return
+    try:
+        saved_key = tuple(int(part) for part in str(saved).split(".")[:2])
+    except ValueError:
+        raise ValueError(f"{config_name}: unreadable hf_spec_version {saved!r} in the drafter config.") from None
+    ours = tuple(int(part) for part in CHECKPOINT_FORMAT_VERSION.split("."))
+    if saved_key > ours:
+        raise ValueError(
+            f"This drafter was saved with hf-spec checkpoint format {saved}, newer than the {CHECKPOINT_FORMAT_VERSION} "
+            "this installation reads. Fix: upgrade hf-spec (`pip install -U hf-spec`)."
+        )
+
+
 class SpecDrafterConfig(PretrainedConfig):
     """Base config: names the target a drafter was made for and the default tree shape.
 
@@ -36,8 +56,11 @@ class SpecDrafterConfig(PretrainedConfig):
         tree_top_k: int = 8,
         tree_total_tokens: int = 60,
         initializer_range: float = 0.02,
+        hf_spec_version: str | None = None,
         **kwargs,
     ):
+        _check_format_version(hf_spec_version, type(self).__name__)
+        self.hf_spec_version = hf_spec_version or CHECKPOINT_FORMAT_VERSION
         self.target_model_name_or_path = target_model_name_or_path
         self.target_model_type = target_model_type
         self.target_architectures = target_architectures

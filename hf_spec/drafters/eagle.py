@@ -194,6 +194,9 @@ class EagleDraftingSession:
         )
         hidden = out.last_hidden_state[0]
         logq = torch.log_softmax(self.drafter.lm_logits(hidden).float() / self.temperature, dim=-1)
+        # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
+        # propose nothing, and verification falls back to the target alone.
+        logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"))
         self.forward_seconds += time.perf_counter() - start
         return hidden, logq
 
