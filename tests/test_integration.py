@@ -1,0 +1,64 @@
+"""Integration on the real packaged SmolLM2-135M-Instruct (fp32): losslessness on a real model."""
+
+import pytest
+import torch
+
+import hf_spec
+from hf_spec.demo import DEFAULT_TARGET, shipped_drafter_path
+from hf_spec.resources import MissingPackageError, install_command, package_dir
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    entry = hf_spec.PACKAGED_MODELS[DEFAULT_TARGET]
+    try:
+        package_dir(entry.packages[0])
+    except MissingPackageError:
+        pytest.skip(f"SmolLM2 package missing: {install_command(entry.packages)}")
+    model, tokenizer = hf_spec.load_packaged_model(DEFAULT_TARGET, dtype=torch.float32)
+    encoded = [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"]
+        for p in PROMPTS
+    ]  # fmt: skip
+    return model, encoded
+
+
+def _plain(model, ids, **kwargs):
+    hf_spec.uninstall()
+    try:
+        return model.generate(ids, **kwargs)
+    finally:
+        hf_spec.install()
+
+
+def test_untrained_drafter_is_still_lossless_on_smollm2(smollm2):
+    model, encoded = smollm2
+    drafter = hf_spec.EagleDrafter.from_target(model, name_or_path=DEFAULT_TARGET)
+    ids = encoded[0]
+    expected = _plain(model, ids, max_new_tokens=24, do_sample=False)
+    out = model.generate(ids, assistant_model=drafter, max_new_tokens=24, do_sample=False)
+    assert torch.equal(out, expected)
+
+
+def test_shipped_drafter_is_lossless_and_accepted_on_smollm2(smollm2):
+    path = shipped_drafter_path(DEFAULT_TARGET)
+    if path is None:
+        pytest.skip("no trained drafter ships yet")
+    model, encoded = smollm2
+    drafter = hf_spec.EagleDrafter.from_pretrained(path)
+    taus = []
+    for ids in encoded:
+        expected = _plain(model, ids, max_new_tokens=48, do_sample=False)
+        out = model.generate(ids, assistant_model=drafter, max_new_tokens=48, do_sample=False)
+        assert torch.equal(out, expected)
+        taus.append(drafter.last_generation_stats.tau)
+    assert sum(taus) / len(taus) > 1.5, taus
