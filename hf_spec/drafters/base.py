@@ -41,9 +41,14 @@ class SpecDrafterConfig(PretrainedConfig):
         target_architectures: the target's ``architectures``.
         target_hidden_size / target_vocab_size: must equal the target's; checked at bind time.
         tree_depth / tree_top_k / tree_total_tokens: default draft-tree shape for generate().
+        training_method: how the checkpoint was trained (``eagle``, ``hass``, ``coral``, ``s2d``,
+            ``parallelspec``); picks the model card and citation. None: the family's default
+            (:attr:`default_training_method`).
     """
 
     model_type = "hf_spec_drafter"
+    default_training_method: str | None = None
+    """Training method assumed when ``training_method`` is None (set by each family)."""
 
     def __init__(
         self,
@@ -56,6 +61,7 @@ class SpecDrafterConfig(PretrainedConfig):
         tree_top_k: int = 8,
         tree_total_tokens: int = 60,
         initializer_range: float = 0.02,
+        training_method: str | None = None,
         hf_spec_version: str | None = None,
         **kwargs,
     ):
@@ -70,7 +76,13 @@ class SpecDrafterConfig(PretrainedConfig):
         self.tree_top_k = tree_top_k
         self.tree_total_tokens = tree_total_tokens
         self.initializer_range = initializer_range
+        self.training_method = training_method
         super().__init__(**kwargs)
+
+    @property
+    def resolved_training_method(self) -> str | None:
+        """``training_method``, or the family default when it is None."""
+        return self.training_method or self.default_training_method
 
     @staticmethod
     def target_fields(target_config: PretrainedConfig, name_or_path: str | None = None) -> dict:
@@ -196,6 +208,10 @@ class SpecDrafterModel(PreTrainedModel):
         elif hasattr(module, "weight") and isinstance(getattr(module, "weight", None), torch.nn.Parameter):
             if module.weight.dim() == 1:  # norms
                 module.weight.data.fill_(1.0)
+        elif hasattr(module, "inv_freq"):  # rotary embeddings
+            # inv_freq is a non-persistent buffer: from_pretrained builds the model on the meta device and
+            # relies on _init_weights to recompute it; without this it stays uninitialized memory.
+            super()._init_weights(module)
 
     def tree_shape(self, depth=None, top_k=None, total_tokens=None) -> TreeShape:
         """Tree shape for one generation: explicit values, else the drafter's generation_config."""
@@ -211,3 +227,29 @@ class SpecDrafterModel(PreTrainedModel):
     def new_drafting_session(self, target: PreTrainedModel, shape: TreeShape, do_sample: bool, temperature: float):
         """Per-generation drafting state; each drafter family implements it."""
         raise NotImplementedError
+
+    # hf-spec:hub-begin -- Hub integration (hf_spec.hub). These lines are left out of the
+    # remote code generated at save time: trust_remote_code users get transformers' own
+    # save_pretrained/push_to_hub (see hf_spec/hub/remote_code.py).
+    def save_pretrained(self, save_directory, *args, bench_results=None, training_info=None, **kwargs):
+        """transformers' ``save_pretrained``, then the remote code, ``auto_map`` and README.md card.
+
+        Args:
+            bench_results: path to, or dict of, a benchmark JSON (``hf_spec.hub.cards`` schema) whose
+                results go into the card's ``model-index``; None: the card says "not measured yet".
+            training_info: dict of training metadata for the card (datasets, command, epochs…).
+        """
+        super().save_pretrained(save_directory, *args, **kwargs)
+        from ..hub import after_save_pretrained
+
+        after_save_pretrained(self, save_directory, bench_results=bench_results, training_info=training_info,
+                              is_main_process=kwargs.get("is_main_process", True))  # fmt: skip
+
+    def push_to_hub(self, repo_id: str, *, bench_results=None, training_info=None, **kwargs) -> str:
+        """Save (weights, config, remote code, card) and upload through huggingface_hub; see
+        :func:`hf_spec.hub.push_drafter_to_hub` (transformers' own version replaces README.md)."""
+        from ..hub import push_drafter_to_hub
+
+        return push_drafter_to_hub(self, repo_id, bench_results=bench_results, training_info=training_info, **kwargs)
+
+    # hf-spec:hub-end

@@ -50,6 +50,7 @@ class EagleDrafterConfig(SpecDrafterConfig):
     """
 
     model_type = "hf_spec_eagle"
+    default_training_method = "eagle"
 
     def __init__(self, num_layers: int = 1, layer_config: dict | None = None, **kwargs):
         self.num_layers = num_layers
