@@ -179,12 +179,12 @@ def speculative_decode(
     drafter.last_generation_stats = stats
     loop_start = time.perf_counter()
     target = _Target(model)
-    session = drafter.new_drafting_session(model, shape, do_sample, temperature)
     keep_scores = bool(generation_config.return_dict_in_generate and generation_config.output_scores)
     keep_logits = bool(generation_config.return_dict_in_generate and generation_config.output_logits)
     all_scores, all_logits = [], []
 
     input_ids = input_ids.to(model.device)
+    session = drafter.new_drafting_session(model, shape, do_sample, temperature, prompt_ids=input_ids)
     cache = compat.full_dynamic_cache()
     features, logits = target.forward(input_ids, cache)
     sequence = input_ids

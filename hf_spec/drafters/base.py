@@ -224,8 +224,17 @@ class SpecDrafterModel(PreTrainedModel):
             else getattr(gc, "tree_total_tokens", self.config.tree_total_tokens),
         )
 
-    def new_drafting_session(self, target: PreTrainedModel, shape: TreeShape, do_sample: bool, temperature: float):
-        """Per-generation drafting state; each drafter family implements it."""
+    def new_drafting_session(
+        self, target: PreTrainedModel, shape: TreeShape, do_sample: bool, temperature: float, prompt_ids: torch.Tensor
+    ):
+        """Per-generation drafting state; each drafter family implements it.
+
+        The session's ``propose(features, next_tokens) -> DraftTree`` is called once per cycle
+        with the target features of the newly committed positions and, for each, the token
+        that follows it (the last one is the new root). ``prompt_ids`` (1, L) is the prompt, for
+        token-level drafters that also need its first token. ``forward_seconds`` accumulates
+        the time spent in drafter forwards.
+        """
         raise NotImplementedError
 
     # hf-spec:hub-begin -- Hub integration (hf_spec.hub). These lines are left out of the

@@ -161,7 +161,7 @@ class EagleDrafter(SpecDrafterModel):
             past_key_values=past_key_values,
         )
 
-    def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0):
+    def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         return EagleDraftingSession(self, shape, do_sample, temperature)
 
 
