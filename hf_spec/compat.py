@@ -34,3 +34,15 @@ def cache_layers_kv(cache: DynamicCache):
 def set_layer_kv(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
     layer.keys = keys
     layer.values = values
+
+
+def crop_cache_layers(cache: DynamicCache, layer_indices, length: int) -> None:
+    """Keep the first ``length`` positions of the given layers only (layers may differ in length)."""
+    for index in layer_indices:
+        if index >= len(cache.layers):
+            continue
+        layer = cache.layers[index]
+        if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
+            continue
+        if layer.keys.shape[-2] > length:
+            set_layer_kv(layer, layer.keys[..., :length, :], layer.values[..., :length, :])

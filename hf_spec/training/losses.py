@@ -33,3 +33,17 @@ def eagle_loss(
     cls = -(target_probs * torch.log_softmax(predicted_logits.float(), dim=-1)).sum(-1)
     reg, cls = masked_mean(reg, loss_mask), masked_mean(cls, loss_mask)
     return {"loss": w_reg * reg + w_cls * cls, "reg": reg, "cls": cls}
+
+
+def sorted_loss(logits_per_exit, labels: torch.Tensor) -> torch.Tensor:
+    """Sorted fine-tuning loss (S2D Eq. 3): mean over exits of each exit's next-token cross-entropy.
+
+    ``logits_per_exit``: one (b, s, V) tensor per exit; ``labels``: (b, s) aligned with the
+    inputs as for a causal LM (position t predicts ``labels[:, t + 1]``), -100 ignored.
+    """
+    targets = labels[:, 1:].reshape(-1)
+    losses = [
+        F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets, ignore_index=-100)
+        for logits in logits_per_exit
+    ]
+    return torch.stack(losses).mean()

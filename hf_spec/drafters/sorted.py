@@ -1,0 +1,618 @@
+"""S2D sorted drafter: the first L layers of a small causal LM with early exits (arXiv 2407.01955).
+
+The drafter is a standalone small LM (its own embedding, final norm and LM head; unlike
+EAGLE it does not borrow anything from the target) made of the first ``num_layers``
+decoder layers of a *source* model. Exits sit after the layers listed in ``exits``; every
+exit goes through the shared final norm and LM head, so each exit is a sub-model
+("sorted fine-tuning" trains all of them at once, :func:`hf_spec.training.losses.sorted_loss`).
+
+Drafting (Alg. 1, §3.3): for each draft token, run the layers up to the first exit; if the
+exit's confidence (max probability of its distribution) reaches that exit's threshold the
+token is drafted there, else computation continues through the next layers from where it
+stopped. One checkpoint serves several targets: ``config.targets`` lists each with its own
+thresholds (small targets favour the small sub-models, large ones the deep ones, §4.4.1).
+
+Default exits for Qwen2.5-Coder-0.5B (24 layers): ``num_layers=8, exits=(4, 6, 8)``. The
+paper keeps 12 of Vicuna-7B's 32 layers (3/8) with exits at 1/2, 3/4 and all of the drafter
+(6/9/12). One third of the 0.5B (8 layers) keeps the drafter's *layers* at about 1/10 of
+the Qwen-1.5B target's per-token cost, and 4/6/8 are the same 1/2, 3/4, 1 split. One
+difference from Vicuna matters for choosing thresholds: Qwen's LM head (151936 x 896,
+tied to the embedding) holds about as many weights as 9 of its decoder layers (a layer is
+~14.9 M), while Vicuna's head is smaller than one of its layers. So every exit *tried*
+costs ~9 layers of head on top of the layers: an exit at layer 4 saves 4 layers when it
+fires and costs a head when it does not. Early exits pay off only for targets where they
+fire often; :func:`search_thresholds` measures this per target, and thresholds above 1
+(always the full 8-layer sub-model) are among its candidates.
+
+KV-cache scheme (lazy catch-up). Exits split the layers into segments. The session keeps
+one KV cache for all layers, and for every segment ``s`` > 0 the count ``done[s]`` of
+positions it has processed plus ``pending[s]``: the segment's *input* hidden states (the
+previous segment's output) for positions ``done[s] .. done[s-1]-1``, i.e. the tokens that
+exited early before reaching it. Whenever a token must go through segment ``s``, the
+segment runs on all its pending inputs at once (causal over its own cache), which fills in
+the K/V of the earlier early-exited positions first; its outputs become pending inputs of
+the next segment. Every layer therefore sees exactly the K/V it would have in a full
+forward, so each exit's distribution equals that of the truncated model on the same text
+(tested). After drafting, the session drops everything at positions >= the committed
+length (per-layer cache crop and pending truncation); catch-up work done on committed
+positions is kept.
+
+Losslessness in sampling: the exit is chosen from the exit's distribution (its max
+probability) *before* the draft token is drawn, then the token is drawn from the chosen
+exit's (temperature-scaled) distribution q, and q is stored in the tree; the choice depends
+on the context only, never on the token drawn, so the chain meets the verifier's
+conditions (:mod:`hf_spec.verify`). (Alg. 1 writes "x, c ~ p_S"; taking c as the sampled
+token's own probability would make q depend on the draw.)
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import warnings
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from .. import compat
+from ..tree.dynamic import TreeShape, draw_candidates
+from ..tree.tree import DraftTree, causal_mask
+from .base import SpecDrafterConfig, SpecDrafterModel
+from .eagle import _NOT_LAYER_FIELDS, DECODER_LAYERS
+
+DEFAULT_THRESHOLDS_FRACTIONS = (0.9, 0.7)
+"""Default thresholds of the non-final exits, first exit first (the last exit always accepts)."""
+
+
+def default_exits(num_layers: int) -> list[int]:
+    """Exits at 1/2, 3/4 and all of the drafter's layers (paper: 6/9/12 of 12; Qwen 0.5B: 4/6/8 of 8)."""
+    exits = sorted({max(1, num_layers // 2), max(1, (3 * num_layers) // 4), num_layers})
+    return exits
+
+
+def _default_thresholds(num_exits: int) -> list[float]:
+    fractions = list(DEFAULT_THRESHOLDS_FRACTIONS)
+    head = (fractions + [fractions[-1]] * num_exits)[: num_exits - 1] if num_exits > 1 else []
+    return head + [0.0]
+
+
+class SortedDrafterConfig(SpecDrafterConfig):
+    """Config of :class:`SortedDrafter`.
+
+    Args:
+        num_layers: decoder layers kept from the source model.
+        exits: 1-based layer counts after which an exit sits, increasing; the last must be
+            ``num_layers``. Default: :func:`default_exits`.
+        layer_config: the source's decoder settings (dict); layers come from transformers.
+        vocab_size: the drafter's (= every served target's) vocabulary size.
+        targets: the targets this checkpoint serves, each a dict ``{"name_or_path",
+            "model_type", "hidden_size" (optional), "vocab_size", "thresholds"}`` with one
+            threshold per exit (the last exit always accepts; its value is ignored).
+        default_thresholds: thresholds for a target not in ``targets`` (bound with a warning).
+        source_model_name_or_path: the model the layers were extracted from (informative).
+        tie_word_embeddings: LM head shares the embedding matrix (as in Qwen2.5-0.5B).
+    """
+
+    model_type = "hf_spec_sorted"
+    default_training_method = "s2d"
+
+    def __init__(
+        self,
+        num_layers: int = 8,
+        exits: list[int] | None = None,
+        layer_config: dict | None = None,
+        vocab_size: int | None = None,
+        targets: list[dict] | None = None,
+        default_thresholds: list[float] | None = None,
+        source_model_name_or_path: str | None = None,
+        tie_word_embeddings: bool = False,
+        tree_depth: int = 5,
+        tree_top_k: int = 1,
+        tree_total_tokens: int = 5,
+        **kwargs,
+    ):
+        self.num_layers = int(num_layers)
+        self.exits = [int(e) for e in (exits if exits is not None else default_exits(self.num_layers))]
+        self.layer_config = layer_config or {}
+        self.vocab_size = vocab_size
+        self.source_model_name_or_path = source_model_name_or_path
+        self.default_thresholds = [float(t) for t in (default_thresholds or _default_thresholds(len(self.exits)))]
+        self.targets = [dict(t) for t in (targets or [])]
+        kwargs.setdefault("target_vocab_size", vocab_size)
+        if self.targets:
+            kwargs.setdefault("target_model_name_or_path", self.targets[0].get("name_or_path"))
+            kwargs.setdefault("target_model_type", self.targets[0].get("model_type"))
+        super().__init__(tree_depth=tree_depth, tree_top_k=tree_top_k, tree_total_tokens=tree_total_tokens, **kwargs)
+        self.tie_word_embeddings = bool(tie_word_embeddings)
+        self._validate()
+
+    def _validate(self) -> None:
+        e = self.exits
+        if not e or any(b <= a for a, b in zip(e, e[1:])) or e[0] < 1 or e[-1] != self.num_layers:
+            raise ValueError(
+                f"SortedDrafterConfig.exits must be increasing layer counts in 1..num_layers ending at num_layers "
+                f"({self.num_layers}); got {e}."
+            )
+        for where, thresholds in [("default_thresholds", self.default_thresholds)] + [
+            (f"targets[{i}] ({t.get('name_or_path')})", t.get("thresholds")) for i, t in enumerate(self.targets)
+        ]:
+            if thresholds is None or len(thresholds) != len(e):
+                raise ValueError(f"{where}: need one threshold per exit ({len(e)} for exits {e}), got {thresholds}.")
+
+    def decoder_layer_config(self) -> PretrainedConfig:
+        """The transformers config the decoder layers are built from (the source family's)."""
+        fields = dict(self.layer_config)
+        model_type = fields.pop("model_type", None)
+        if model_type not in DECODER_LAYERS:
+            raise ValueError(f"Unsupported sorted drafter family {model_type!r}; supported: {sorted(DECODER_LAYERS)}.")
+        fields["vocab_size"] = self.vocab_size
+        config = AutoConfig.for_model(model_type, **fields)
+        config.num_hidden_layers = self.num_layers
+        if hasattr(config, "layer_types"):
+            config.layer_types = ["full_attention"] * self.num_layers
+        if model_type == "mistral":
+            config.sliding_window = None
+        config._attn_implementation = "sdpa"
+        return config
+
+    def thresholds_for(self, target: PreTrainedModel) -> list[float]:
+        """The thresholds serving ``target``; ValueError if its vocabulary differs from the drafter's."""
+        text = target.config.get_text_config()
+        name = getattr(target.config, "_name_or_path", None) or None
+        served = [t.get("name_or_path") for t in self.targets]
+        if self.vocab_size is not None and text.vocab_size != self.vocab_size:
+            raise ValueError(
+                f"This SortedDrafter (vocab size {self.vocab_size}, built from "
+                f"{self.source_model_name_or_path or 'its source model'}) cannot draft for "
+                f"{name or type(target).__name__}: target vocab size {text.vocab_size} != drafter's {self.vocab_size}, "
+                "so their tokenizers differ. Fix: use a target sharing the drafter's tokenizer "
+                f"(served targets: {served or 'none listed'}), or build a sorted drafter from a source model with this "
+                "target's tokenizer (SortedDrafter.from_source_model(...)) and train it (training_scripts/train_s2d.py)."
+            )
+        for entry in self.targets:
+            if name is not None and entry.get("name_or_path") == name:
+                return [float(t) for t in entry["thresholds"]]
+        warnings.warn(
+            f"Target {name!r} is not among the targets this SortedDrafter lists ({served}); its vocabulary matches, "
+            f"so it binds with the default thresholds {self.default_thresholds}. Run "
+            "hf_spec.drafters.sorted.search_thresholds(drafter, target, prompts) to tune them.",
+            stacklevel=3,
+        )
+        return list(self.default_thresholds)
+
+    def set_target_thresholds(self, target_config: PretrainedConfig, thresholds, name_or_path: str | None = None):
+        """Record ``thresholds`` for a target (adds the entry if the target is not listed)."""
+        text = target_config.get_text_config()
+        name = name_or_path or getattr(target_config, "_name_or_path", None) or None
+        thresholds = [float(t) for t in thresholds]
+        for entry in self.targets:
+            if entry.get("name_or_path") == name:
+                entry["thresholds"] = thresholds
+                break
+        else:
+            self.targets.append(dict(name_or_path=name, model_type=text.model_type, hidden_size=text.hidden_size,
+                                     vocab_size=text.vocab_size, thresholds=thresholds))  # fmt: skip
+        self._validate()
+
+
+def target_entry(target, thresholds, name_or_path: str | None = None) -> dict:
+    """A ``targets`` entry for a model (or its config) with the given thresholds."""
+    config = getattr(target, "config", target)
+    text = config.get_text_config()
+    return dict(
+        name_or_path=name_or_path or getattr(config, "_name_or_path", None) or None,
+        model_type=text.model_type,
+        hidden_size=text.hidden_size,
+        vocab_size=text.vocab_size,
+        thresholds=[float(t) for t in thresholds],
+    )
+
+
+@dataclass
+class SortedDrafterOutput(ModelOutput):
+    """``logits_per_exit``: one (b, s, V) tensor per exit, first exit first; ``loss`` if labels were given."""
+
+    loss: torch.Tensor | None = None
+    logits_per_exit: tuple | None = None
+
+
+class SortedDrafter(SpecDrafterModel):
+    """S2D sorted drafter: embedding -> first L layers of a source LM, exits sharing norm + LM head.
+
+    Build one with :meth:`from_source_model`; load a trained one with ``from_pretrained``.
+    Binding (``generate()`` does it) only validates the target and picks its thresholds;
+    :attr:`thresholds` may be overridden afterwards. After a generation,
+    :attr:`last_exit_counts` holds how many draft tokens left at each exit.
+    """
+
+    config_class = SortedDrafterConfig
+    _tied_weights_keys = {"lm_head.weight": "embed_tokens.weight"}
+
+    def __init__(self, config: SortedDrafterConfig):
+        super().__init__(config)
+        layer_config = config.decoder_layer_config()
+        layer_class, rotary_class = DECODER_LAYERS[layer_config.model_type]
+        hidden = layer_config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+        self.layers = nn.ModuleList([layer_class(layer_config, i) for i in range(config.num_layers)])
+        norm_class = type(self.layers[0].input_layernorm)  # the family's own RMSNorm
+        self.norm = norm_class(hidden, eps=layer_config.rms_norm_eps)
+        self.rotary_emb = rotary_class(config=layer_config)
+        self.lm_head = nn.Linear(hidden, config.vocab_size, bias=False)
+        self._bound_target = None
+        self.thresholds = list(config.default_thresholds)
+        self.last_exit_counts = None
+        self.last_drafting_session = None
+        self.post_init()
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_source_model(
+        cls,
+        model: PreTrainedModel,
+        num_layers: int = 8,
+        exits: list[int] | None = None,
+        targets: list | None = None,
+        default_thresholds: list[float] | None = None,
+        source_name_or_path: str | None = None,
+        **config_kwargs,
+    ) -> "SortedDrafter":
+        """Extract the first ``num_layers`` layers (+ embedding, final norm, LM head) of ``model``.
+
+        ``targets``: entries as dicts (see :class:`SortedDrafterConfig`) or models/configs, which
+        get the default thresholds. The drafter is not bound; ``generate()`` binds it.
+        """
+        text = model.config.get_text_config()
+        if text.model_type not in DECODER_LAYERS:
+            raise ValueError(
+                f"SortedDrafter supports source models of types {sorted(DECODER_LAYERS)}, got {text.model_type!r}. "
+                "Fix: add the family's decoder layer and rotary classes to hf_spec.drafters.eagle.DECODER_LAYERS."
+            )
+        if not 1 <= num_layers <= text.num_hidden_layers:
+            raise ValueError(f"num_layers must be in 1..{text.num_hidden_layers} (the source's depth), got {num_layers}.")
+        exits = list(exits) if exits is not None else default_exits(num_layers)
+        layer_config = {k: v for k, v in text.to_dict().items() if k not in _NOT_LAYER_FIELDS}
+        layer_config["model_type"] = text.model_type
+        defaults = default_thresholds or _default_thresholds(len(exits))
+        entries = [t if isinstance(t, dict) else target_entry(t, defaults) for t in (targets or [])]
+        config = SortedDrafterConfig(
+            num_layers=num_layers, exits=exits, layer_config=layer_config, vocab_size=text.vocab_size,
+            targets=entries, default_thresholds=defaults,
+            source_model_name_or_path=source_name_or_path or getattr(model.config, "_name_or_path", None) or None,
+            tie_word_embeddings=bool(getattr(text, "tie_word_embeddings", False)), **config_kwargs,
+        )  # fmt: skip
+        drafter = cls(config)
+        source = model.base_model
+        with torch.no_grad():
+            drafter.embed_tokens.weight.copy_(model.get_input_embeddings().weight)
+            for mine, theirs in zip(drafter.layers, source.layers):
+                mine.load_state_dict(theirs.state_dict())
+            drafter.norm.load_state_dict(source.norm.state_dict())
+            if not config.tie_word_embeddings:
+                drafter.lm_head.weight.copy_(model.get_output_embeddings().weight)
+        drafter.tie_weights()
+        return drafter.to(device=model.device, dtype=model.dtype).eval()
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Embedding):
+            module.weight.data.normal_(mean=0.0, std=self.config.initializer_range)
+        else:
+            super()._init_weights(module)
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    # -- binding: validate + pick thresholds; nothing is borrowed ---------------------------------
+    def bind(self, target: PreTrainedModel):
+        """Check ``target``'s vocabulary, take its thresholds from ``config.targets``, move to its device/dtype."""
+        self.thresholds = self.config.thresholds_for(target)
+        if self.device != target.device or self.dtype != target.dtype:
+            self.to(device=target.device, dtype=target.dtype)
+        self._bound_target = weakref.ref(target)
+        self._bound_target_config = target.config
+        return self
+
+    @property
+    def is_bound(self) -> bool:
+        return self._bound_target is not None and self._bound_target() is not None
+
+    def is_bound_to(self, target: PreTrainedModel) -> bool:
+        return self._bound_target is not None and self._bound_target() is target
+
+    def set_thresholds(self, thresholds) -> None:
+        thresholds = [float(t) for t in thresholds]
+        if len(thresholds) != len(self.config.exits):
+            raise ValueError(f"Need one threshold per exit {self.config.exits}, got {thresholds}.")
+        self.thresholds = thresholds
+
+    @property
+    def segments(self) -> list[tuple[int, int]]:
+        """Layer ranges [start, end) between consecutive exits."""
+        bounds = [0] + list(self.config.exits)
+        return list(zip(bounds[:-1], bounds[1:]))
+
+    # -- computation ------------------------------------------------------------------------------
+    def exit_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+    def run_layers(self, hidden, start, end, position_ids, attention_mask, past_key_values=None):
+        """Layers ``start..end-1`` on ``hidden`` (b, s, H) with an additive float mask."""
+        position_embeddings = self.rotary_emb(hidden, position_ids)
+        for layer in self.layers[start:end]:
+            hidden = layer(
+                hidden,
+                attention_mask=attention_mask.to(hidden.dtype),
+                position_ids=position_ids,
+                past_key_values=past_key_values,
+                use_cache=past_key_values is not None,
+                position_embeddings=position_embeddings,
+            )
+        return hidden
+
+    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None, labels=None, **kwargs):
+        """Full-sequence pass (training / reference): logits at every exit.
+
+        ``attention_mask``: optional (b, s) 0/1 padding mask. ``labels``: (b, s) as for a causal
+        LM (shifted inside, -100 ignored); gives ``loss`` = :func:`sorted_loss`.
+        """
+        batch, length = input_ids.shape
+        hidden = self.embed_tokens(input_ids)
+        mask = causal_mask(0, length, hidden.dtype, hidden.device)
+        if attention_mask is not None:
+            keys_valid = attention_mask.bool().view(batch, 1, 1, -1)
+            mask = mask.masked_fill(~keys_valid, torch.finfo(hidden.dtype).min)
+        position_ids = torch.arange(length, device=hidden.device).view(1, -1).expand(batch, -1)
+        logits = []
+        for start, end in self.segments:
+            hidden = self.run_layers(hidden, start, end, position_ids, mask)
+            logits.append(self.exit_logits(hidden))
+        loss = None
+        if labels is not None:
+            from ..training.losses import sorted_loss
+
+            loss = sorted_loss(logits, labels)
+        return SortedDrafterOutput(loss=loss, logits_per_exit=tuple(logits))
+
+    def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
+        if prompt_ids is None:
+            raise ValueError("SortedDrafter drafts from tokens and needs the prompt (prompt_ids).")
+        session = SortedDraftingSession(self, shape, do_sample, temperature, prompt_ids)
+        self.last_exit_counts = session.exit_counts
+        self.last_drafting_session = session
+        return session
+
+    # -- plain transformers assistant ---------------------------------------------------------------
+    def to_causal_lm(self, exit_layer: int | None = None) -> PreTrainedModel:
+        """A plain transformers causal LM (the source family's class) of the first ``exit_layer`` layers.
+
+        It has the drafter's embedding, final norm and LM head (copied), so it can be passed as
+        ``assistant_model`` to transformers' own assisted decoding (without hf-spec's tree path),
+        or used on its own. Default: the full drafter.
+        """
+        exit_layer = self.config.num_layers if exit_layer is None else int(exit_layer)
+        if not 1 <= exit_layer <= self.config.num_layers:
+            raise ValueError(f"exit_layer must be in 1..{self.config.num_layers}, got {exit_layer}.")
+        fields = dict(self.config.layer_config)
+        model_type = fields.pop("model_type")
+        fields.pop("vocab_size", None)
+        config = AutoConfig.for_model(model_type, **fields, vocab_size=self.config.vocab_size,
+                                      tie_word_embeddings=self.config.tie_word_embeddings)  # fmt: skip
+        config.num_hidden_layers = exit_layer
+        if hasattr(config, "layer_types"):
+            config.layer_types = ["full_attention"] * exit_layer
+        lm = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
+        state = {"model.embed_tokens.weight": self.embed_tokens.weight, "model.norm.weight": self.norm.weight,
+                 "lm_head.weight": self.lm_head.weight}  # fmt: skip
+        for i in range(exit_layer):
+            for key, value in self.layers[i].state_dict().items():
+                state[f"model.layers.{i}.{key}"] = value
+        missing, unexpected = lm.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.endswith("inv_freq")]
+        if missing or unexpected:
+            raise RuntimeError(f"to_causal_lm: weights do not line up (missing {missing}, unexpected {unexpected}).")
+        return lm.to(self.device).eval()
+
+
+class SortedDraftingSession:
+    """Drafting state of one generate() call: adaptive early-exit chain drafting with lazy catch-up.
+
+    Token position t holds committed token x_t; the drafter's output there predicts x_{t+1}.
+    See the module docstring for the KV-cache scheme. ``exit_counts[i]``: draft tokens that
+    left at exit i; ``last_exits``: the exit of each token of the last draft; cost counters
+    ``layer_calls`` (layer forwards, whatever the number of positions) and ``head_calls``.
+    """
+
+    def __init__(self, drafter: SortedDrafter, shape: TreeShape, do_sample, temperature, prompt_ids):
+        self.drafter = drafter
+        self.depth = min(shape.depth, shape.total_tokens)
+        self.do_sample = do_sample
+        self.temperature = temperature if do_sample else 1.0
+        self.thresholds = list(drafter.thresholds)
+        self.segments = drafter.segments
+        self.first_token = prompt_ids[0, :1].to(drafter.device)
+        self.started = False
+        self.cache = compat.full_dynamic_cache()
+        num_segments = len(self.segments)
+        self.done = [0] * num_segments  # positions each segment has processed
+        self.pending = [None] * num_segments  # inputs of segment s for positions done[s]..done[s-1]-1
+        self.committed = 0
+        self.exit_counts = [0] * num_segments
+        self.last_exits: list[int] = []
+        self.layer_calls = 0
+        self.head_calls = 0
+        self.forward_seconds = 0.0
+
+    def _run_segment(self, s: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Segment s over ``hidden`` (n, H), the inputs of positions done[s].. ; returns outputs (n, H)."""
+        start, end = self.segments[s]
+        past, n = self.done[s], hidden.shape[0]
+        positions = torch.arange(past, past + n, device=hidden.device).view(1, -1)
+        mask = causal_mask(past, n, hidden.dtype, hidden.device)
+        out = self.drafter.run_layers(hidden.unsqueeze(0), start, end, positions, mask, self.cache)[0]
+        self.done[s] = past + n
+        self.layer_calls += end - start
+        if s + 1 < len(self.segments):
+            previous = self.pending[s + 1]
+            self.pending[s + 1] = out if previous is None else torch.cat([previous, out])
+        return out
+
+    def _extend(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Embed ``tokens`` at the next positions and run the first segment; the last one's output."""
+        hidden = self.drafter.embed_tokens(tokens.view(-1))
+        return self._run_segment(0, hidden)[-1]
+
+    def _deepen(self, s: int) -> torch.Tensor:
+        """Run segment s on all its pending inputs (lazy catch-up); the newest position's output."""
+        inputs = self.pending[s]
+        self.pending[s] = None
+        return self._run_segment(s, inputs)[-1]
+
+    def _adaptive_exit(self, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Alg. 1's inner loop for the newest position: (logits at the chosen exit, exit index)."""
+        last = len(self.segments) - 1
+        for s in range(last + 1):
+            if s > 0:
+                hidden = self._deepen(s)
+            logits = self.drafter.exit_logits(hidden).float()
+            self.head_calls += 1
+            if s == last:
+                return logits, s
+            confidence = float(torch.softmax(logits, dim=-1).max())
+            if confidence >= self.thresholds[s]:  # NaN confidence never exits early
+                return logits, s
+
+    def _rollback(self, length: int) -> None:
+        """Forget every position >= ``length`` (draft tokens), keeping catch-up work on committed ones."""
+        for s, (start, end) in enumerate(self.segments):
+            if s > 0 and self.pending[s] is not None:
+                keep = max(0, length - self.done[s])
+                self.pending[s] = self.pending[s][:keep] if keep else None
+            self.done[s] = min(self.done[s], length)
+            compat.crop_cache_layers(self.cache, range(start, end), self.done[s])
+
+    @torch.no_grad()
+    def propose(self, features, next_tokens: torch.Tensor) -> DraftTree:
+        """Commit ``next_tokens`` (the last is the new root) and draft a chain of ``depth`` tokens."""
+        begin = time.perf_counter()
+        tokens = next_tokens.to(self.first_token.device).view(-1)
+        if not self.started:
+            tokens = torch.cat([self.first_token, tokens])
+            self.started = True
+        hidden = self._extend(tokens)
+        self.committed = self.done[0]
+        root = tokens[-1]
+        drafts, rows, exits = [], [], []
+        try:
+            for d in range(self.depth):
+                logits, s = self._adaptive_exit(hidden)
+                logq = torch.log_softmax(logits / self.temperature, dim=-1)
+                # A broken drafter (NaN/inf) must cost speed, never correctness.
+                logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"))
+                if not bool(torch.isfinite(logq).any()):
+                    break
+                token, _ = draw_candidates(logq.view(1, -1), 1, self.do_sample)
+                token = token.view(1)
+                drafts.append(token)
+                rows.append(logq)
+                exits.append(s)
+                self.exit_counts[s] += 1
+                if d + 1 < self.depth:
+                    hidden = self._extend(token)
+        finally:
+            self._rollback(self.committed)
+            self.last_exits = exits
+            self.forward_seconds += time.perf_counter() - begin
+        draft_tokens = torch.cat(drafts) if drafts else root.new_empty(0)
+        tree = DraftTree.chain(root, draft_tokens)
+        if self.do_sample and drafts:
+            tree.draft_probs = torch.stack(rows).exp()
+        elif self.do_sample:
+            tree.draft_probs = torch.zeros(0, self.drafter.config.vocab_size, device=root.device)
+        return tree
+
+
+# -- threshold search (§4.4.1) ---------------------------------------------------------------------
+def _param_count(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@torch.no_grad()
+def search_thresholds(
+    drafter: SortedDrafter,
+    target: PreTrainedModel,
+    prompts: list[torch.Tensor],
+    candidates: list | None = None,
+    metric: str = "proxy",
+    max_new_tokens: int = 32,
+    record: bool = True,
+    **generate_kwargs,
+):
+    """Pick ``target``'s thresholds on held-out ``prompts`` (greedy), as in §4.4.1.
+
+    Each candidate (one threshold per exit) is scored over all prompts by:
+
+    - ``"tokens_per_second"``: measured new tokens / wall seconds of ``generate()`` (use on a
+      quiet machine, in the dtype you deploy);
+    - ``"proxy"`` (default, deterministic): new tokens per target-forward-equivalent, i.e.
+      τ / cost, with cost = target forwards + drafter work counted in weights read: each layer
+      call costs one drafter layer's parameters and each exit tried one LM head, relative to
+      the target's non-embedding parameters.
+
+    ``candidates`` default: every combination of (0.0, 0.6, 0.8, 0.95, 1.01) over the non-final
+    exits. Returns ``(best_thresholds, results)``, results a list of dicts sorted best first.
+    ``record``: store the best in ``drafter.config.targets`` and make them active.
+    """
+    if metric not in ("proxy", "tokens_per_second"):
+        raise ValueError(f"metric must be 'proxy' or 'tokens_per_second', got {metric!r}.")
+    num_exits = len(drafter.config.exits)
+    if candidates is None:
+        grid = (0.0, 0.6, 0.8, 0.95, 1.01)
+        candidates = [list(c) + [0.0] for c in itertools.product(grid, repeat=num_exits - 1)]
+    if not drafter.is_bound_to(target):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            drafter.bind(target)
+    layer_cost = _param_count(drafter.layers[0])
+    head_cost = drafter.lm_head.weight.numel()
+    target_cost = _param_count(target) - target.get_input_embeddings().weight.numel()
+    if getattr(target.config.get_text_config(), "tie_word_embeddings", False):
+        target_cost += target.get_input_embeddings().weight.numel()  # the tied head is still read
+    results = []
+    saved = list(drafter.thresholds)
+    try:
+        for thresholds in candidates:
+            drafter.set_thresholds(thresholds)
+            tokens = cycles = 0
+            drafter_cost = 0.0
+            seconds = 0.0
+            counts = [0] * num_exits
+            for prompt in prompts:
+                start = time.perf_counter()
+                target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens,
+                                **generate_kwargs)  # fmt: skip
+                seconds += time.perf_counter() - start
+                session = drafter.last_drafting_session
+                stats = drafter.last_generation_stats
+                tokens += stats.new_tokens
+                cycles += stats.cycles + 1  # + the prefill
+                drafter_cost += session.layer_calls * layer_cost + session.head_calls * head_cost
+                counts = [a + b for a, b in zip(counts, session.exit_counts)]
+            proxy = tokens / (cycles + drafter_cost / target_cost)
+            results.append(dict(thresholds=list(thresholds), proxy=proxy, tokens_per_second=tokens / max(seconds, 1e-9),
+                                new_tokens=tokens, cycles=cycles, exit_counts=counts))  # fmt: skip
+    finally:
+        drafter.thresholds = saved
+    results.sort(key=lambda r: -r[metric])
+    best = results[0]["thresholds"]
+    if record:
+        drafter.config.set_target_thresholds(target.config, best)
+        drafter.set_thresholds(best)
+    return best, results

@@ -1,0 +1,76 @@
+"""Sorted fine-tuning (SoFT) of an S2D drafter: a Trainer whose loss is :func:`sorted_loss`.
+
+Kept apart from ``trainers.py``/``data.py`` on purpose: a sorted drafter is a plain causal
+LM trained on token sequences, so it needs no target features, only tokenised chats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import Trainer, TrainingArguments
+
+from .losses import sorted_loss
+
+
+@dataclass
+class SortedTrainingConfig(TrainingArguments):
+    """TrainingArguments with S2D's defaults (App. 7.1), scaled to one CPU/GPU box.
+
+    The paper trains 3 epochs on ShareGPT with batch size 8 and 16 accumulation steps
+    (effective 128); here 2 x 64 keeps the effective batch with less memory.
+    """
+
+    num_train_epochs: float = field(default=3.0, metadata={"help": "S2D App. 7.1: 3 epochs."})
+    per_device_train_batch_size: int = field(default=2, metadata={"help": "x gradient_accumulation_steps = 128."})
+    gradient_accumulation_steps: int = field(default=64, metadata={"help": "Effective batch 128 (8 x 16 in S2D)."})
+    learning_rate: float = field(default=2e-5, metadata={"help": "Full fine-tuning LR (not given in the paper)."})
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "LR schedule."})
+    warmup_ratio: float = field(default=0.03, metadata={"help": "Warm-up share of the steps."})
+    save_strategy: str = field(default="steps", metadata={"help": "Checkpoint so runs can resume."})
+    save_steps: int = field(default=500, metadata={"help": "Steps between checkpoints."})
+    report_to: str = field(default="none", metadata={"help": "Logging integrations."})
+    remove_unused_columns: bool = field(default=False, metadata={"help": "Keep input_ids/labels columns."})
+    max_length: int = field(default=1024, metadata={"help": "Tokens per training sequence (truncation)."})
+
+
+class SortedTrainer(Trainer):
+    """Trainer for :class:`hf_spec.SortedDrafter`: mean next-token CE over every exit (S2D Eq. 3)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
+        loss = sorted_loss(outputs.logits_per_exit, inputs["labels"])
+        return (loss, outputs) if return_outputs else loss
+
+
+def tokenize_conversations(tokenizer, conversations, max_length: int, assistant_only: bool = False) -> list[dict]:
+    """Chats -> ``{"input_ids", "labels"}`` rows with the tokenizer's chat template (raw text without one)."""
+    rows = []
+    for chat in conversations:
+        if getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"]
+        else:
+            ids = tokenizer("\n".join(turn["content"] for turn in chat))["input_ids"]
+        ids = list(ids)[:max_length]
+        if len(ids) >= 2:
+            rows.append({"input_ids": ids, "labels": list(ids)})
+    return rows
+
+
+def pad_collator(pad_token_id: int):
+    """Right-pads ``input_ids`` (with ``pad_token_id``) and ``labels`` (with -100); adds ``attention_mask``."""
+
+    def collate(rows):
+        length = max(len(r["input_ids"]) for r in rows)
+        ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
+        labels = torch.full((len(rows), length), -100, dtype=torch.long)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, r in enumerate(rows):
+            n = len(r["input_ids"])
+            ids[i, :n] = torch.as_tensor(r["input_ids"])
+            labels[i, :n] = torch.as_tensor(r["labels"])
+            mask[i, :n] = 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+    return collate

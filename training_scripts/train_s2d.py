@@ -1,0 +1,72 @@
+"""Sorted fine-tuning (SoFT) of an S2D drafter extracted from a small source LM.
+
+Reproduction (Qwen2.5-Coder-0.5B source, first 8 layers, exits 4/6/8, ShareGPT, 3 epochs;
+serves the packaged Qwen2.5-Coder-1.5B and the 0.5B itself):
+
+    python training_scripts/train_s2d.py --source_model qwen2.5-coder-0.5b-instruct \
+        --num_layers 8 --exits 4 6 8 --dataset sharegpt \
+        --targets qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct --output_dir runs/s2d-qwen
+
+Then pick per-target thresholds on held-out prompts with
+``hf_spec.drafters.sorted.search_thresholds`` and save again. Resumes from the last
+checkpoint in ``--output_dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+from transformers.trainer_utils import get_last_checkpoint
+
+from hf_spec import PACKAGED_MODELS, SortedDrafter, load_packaged_model, packaged_model_path
+from hf_spec.bench.datasets import load_chitchat, load_sharegpt
+from hf_spec.drafters.sorted import target_entry
+from hf_spec.training.sorted_trainer import SortedTrainer, SortedTrainingConfig, pad_collator, tokenize_conversations
+
+LOADERS = {"sharegpt": load_sharegpt, "chitchat": load_chitchat}
+
+
+def _load(name_or_path: str):
+    if name_or_path in PACKAGED_MODELS:
+        model, tokenizer = load_packaged_model(name_or_path, dtype=torch.float32)
+        model.config._name_or_path = name_or_path
+        return model, tokenizer
+    return AutoModelForCausalLM.from_pretrained(name_or_path), AutoTokenizer.from_pretrained(name_or_path)
+
+
+def _target_config(name_or_path: str):
+    path = packaged_model_path(name_or_path) if name_or_path in PACKAGED_MODELS else name_or_path
+    config = AutoConfig.from_pretrained(path)
+    config._name_or_path = name_or_path
+    return config
+
+
+def main(argv=None):
+    parser = HfArgumentParser(SortedTrainingConfig)
+    parser.add_argument("--source_model", required=True, help="packaged name or path of the source causal LM")
+    parser.add_argument("--num_layers", type=int, default=8, help="layers kept from the source")
+    parser.add_argument("--exits", type=int, nargs="+", default=None, help="exit layers (default 1/2, 3/4, all)")
+    parser.add_argument("--dataset", choices=sorted(LOADERS), default="sharegpt")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N conversations")
+    parser.add_argument("--targets", nargs="*", default=[], help="targets served (packaged names or paths)")
+    training_args, extra = parser.parse_args_into_dataclasses(args=argv)  # extra: the script's own options
+    source, tokenizer = _load(extra.source_model)
+    drafter = SortedDrafter.from_source_model(source, num_layers=extra.num_layers, exits=extra.exits,
+                                              source_name_or_path=extra.source_model)  # fmt: skip
+    for name in extra.targets:
+        drafter.config.targets.append(target_entry(_target_config(name), drafter.config.default_thresholds, name))
+    del source
+    rows = tokenize_conversations(tokenizer, LOADERS[extra.dataset](limit=extra.limit), training_args.max_length)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    trainer = SortedTrainer(model=drafter.train(), args=training_args, train_dataset=rows, data_collator=pad_collator(pad))
+    last = get_last_checkpoint(training_args.output_dir) if training_args.output_dir else None
+    trainer.train(resume_from_checkpoint=last)
+    drafter.eval().save_pretrained(training_args.output_dir,
+                                   training_info={"datasets": [extra.dataset], "command": "training_scripts/train_s2d.py"})  # fmt: skip
+    tokenizer.save_pretrained(training_args.output_dir)
+
+
+if __name__ == "__main__":
+    main()
