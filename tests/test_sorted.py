@@ -1,0 +1,187 @@
+"""S2D sorted drafter: losslessness, early-exit semantics, KV catch-up, binding, saving, training."""
+
+import warnings
+
+import pytest
+import torch
+from transformers import AutoModel
+
+import hf_spec
+from conftest import make_target, plain_generate, random_prompt
+from hf_spec.drafters.sorted import SortedDrafter, search_thresholds
+from hf_spec.tree.dynamic import TreeShape
+from test_sampling import VOCAB, chi_square_pvalue, exact_joint, warpers
+
+P_VALUE_FLOOR = 1e-3
+
+
+def named(model, name):
+    model.config._name_or_path = name
+    return model
+
+
+def sorted_pair(family="llama", vocab_size=128, num_layers=4, exits=(1, 2, 4), thresholds=(0.5, 0.5, 0.0), **kw):
+    """A 6-layer target and a drafter of its first ``num_layers`` layers (an untrained SoFT start)."""
+    target = named(make_target(family, vocab_size=vocab_size, num_hidden_layers=6, **kw), f"tiny-{family}")
+    entry = hf_spec.drafters.sorted.target_entry(target, thresholds)
+    drafter = SortedDrafter.from_source_model(target, num_layers=num_layers, exits=list(exits), targets=[entry])
+    return target, drafter
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_greedy_equals_plain_generate_with_early_exits(family):
+    target, drafter = sorted_pair(family)
+    prompt = random_prompt(10)
+    expected = plain_generate(target, prompt, max_new_tokens=24, do_sample=False)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=24, do_sample=False, tree_depth=4)
+    assert torch.equal(out, expected)
+    counts = drafter.last_exit_counts
+    assert sum(c > 0 for c in counts) >= 2, counts  # early exit really active, deeper exits too
+
+
+def _context_logits(drafter, ids, exit_index):
+    return drafter(ids.view(1, -1)).logits_per_exit[exit_index][0, -1].float()
+
+
+@torch.no_grad()
+def test_incremental_exits_match_full_forward():
+    """Lazy catch-up: every draft's q equals the full forward's distribution at its chosen exit."""
+    target, drafter = sorted_pair(thresholds=(0.4, 0.6, 0.0))
+    drafter.bind(target)
+    prompt = random_prompt(8)
+    torch.manual_seed(0)
+    session = drafter.new_drafting_session(target, TreeShape(depth=4, top_k=1, total_tokens=4), True, 1.0, prompt)
+    context = prompt[0]
+    commit = prompt[0, 1:]
+    seen_exits = set()
+    for _ in range(4):
+        tree = session.propose(None, commit)
+        drafts = tree.tokens[1:]
+        for i, (token, s) in enumerate(zip(drafts, session.last_exits)):
+            ids = torch.cat([context, drafts[:i]])
+            reference = torch.softmax(_context_logits(drafter, ids, s), dim=-1)
+            torch.testing.assert_close(tree.draft_probs[i], reference, atol=1e-5, rtol=1e-4)
+            seen_exits.add(s)
+        # commit: accept the first draft (if any) and a fresh bonus token
+        accepted = drafts[:1]
+        commit = torch.cat([accepted, torch.randint(1, 128, (1,))])
+        context = torch.cat([context, commit])
+    assert len(seen_exits) >= 2, seen_exits
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("threshold,exit_index", [(0.0, 0), (2.0, -1)])
+def test_thresholds_zero_and_above_one_are_the_smallest_and_full_submodels(threshold, exit_index):
+    target, drafter = sorted_pair()
+    drafter.bind(target)
+    drafter.set_thresholds([threshold] * 3)
+    prompt = random_prompt(9)
+    session = drafter.new_drafting_session(target, TreeShape(depth=5, top_k=1, total_tokens=5), False, 1.0, prompt)
+    tree = session.propose(None, prompt[0, 1:])
+    exits = drafter.config.exits
+    expected_exit = exit_index % len(exits)
+    assert session.last_exits == [expected_exit] * 5
+    truncated = drafter.to_causal_lm(exits[expected_exit])
+    assert truncated.config.num_hidden_layers == exits[expected_exit]
+    greedy = plain_generate(truncated, prompt, max_new_tokens=5, do_sample=False)
+    assert torch.equal(tree.tokens[1:], greedy[0, prompt.shape[1]:])
+
+
+def test_bad_target_vocab_raises_clear_error():
+    _, drafter = sorted_pair()
+    other = make_target("llama", vocab_size=96)
+    with pytest.raises(ValueError, match=r"vocab size 96 != drafter's 128.*Fix"):
+        drafter.bind(other)
+    with pytest.raises(ValueError, match="vocab size"):
+        other.generate(random_prompt(5, 96), assistant_model=drafter, max_new_tokens=3)
+
+
+def test_unlisted_target_with_same_vocab_binds_with_warning_and_defaults():
+    _, drafter = sorted_pair()
+    other = named(make_target("llama", seed=5), "someone/else")
+    with pytest.warns(UserWarning, match="not among the targets"):
+        drafter.bind(other)
+    assert drafter.thresholds == drafter.config.default_thresholds
+
+
+SAMPLING_CASES = [((0.4, 0.6, 0.0), dict(temperature=1.0)), ((0.3, 0.5, 0.0), dict(temperature=0.7, top_p=0.9))]
+
+
+@pytest.mark.parametrize("thresholds,warp", SAMPLING_CASES)
+def test_sampling_keeps_target_distribution(thresholds, warp):
+    target, drafter = sorted_pair(vocab_size=VOCAB, logit_scale=8.0, seed=3, thresholds=thresholds)
+    prompt = random_prompt(length=6, vocab_size=VOCAB, seed=11)
+    exact = exact_joint(target, prompt, warpers(**warp))
+    torch.manual_seed(1234)
+    counts = torch.zeros([VOCAB] * 3)
+    totals = [0, 0, 0]
+    accepted = 0
+    for _ in range(1200):
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=3, do_sample=True, top_k=None,
+                              tree_depth=3, **warp)  # fmt: skip
+        counts[tuple(out[0, prompt.shape[1]:].tolist())] += 1
+        totals = [a + b for a, b in zip(totals, drafter.last_exit_counts)]
+        accepted += sum(drafter.last_generation_stats.accepted_lengths)
+    assert chi_square_pvalue(counts, exact) > P_VALUE_FLOOR
+    assert sum(t > 0 for t in totals) >= 2, totals
+    assert accepted > 0  # the accept path is exercised
+
+
+def test_save_load_round_trip(tmp_path):
+    target, drafter = sorted_pair("qwen2", tie_word_embeddings=True)
+    assert drafter.config.tie_word_embeddings
+    assert drafter.lm_head.weight.data_ptr() == drafter.embed_tokens.weight.data_ptr()
+    drafter.save_pretrained(tmp_path)
+    loaded = AutoModel.from_pretrained(tmp_path)
+    assert isinstance(loaded, SortedDrafter)
+    assert loaded.config.targets == drafter.config.targets and loaded.config.exits == drafter.config.exits
+    ids = random_prompt(7)
+    for a, b in zip(drafter(ids).logits_per_exit, loaded(ids).logits_per_exit):
+        torch.testing.assert_close(a, b)
+    prompt = random_prompt(10)
+    out = target.generate(prompt, assistant_model=loaded.eval(), max_new_tokens=12, do_sample=False)
+    assert torch.equal(out, plain_generate(target, prompt, max_new_tokens=12, do_sample=False))
+    assert loaded.thresholds == drafter.config.targets[0]["thresholds"]
+
+
+def test_to_causal_lm_is_a_plain_transformers_assistant():
+    target, drafter = sorted_pair()
+    assistant = drafter.to_causal_lm(drafter.config.exits[1])
+    prompt = random_prompt(10)
+    expected = plain_generate(target, prompt, max_new_tokens=16, do_sample=False)
+    out = target.generate(prompt, assistant_model=assistant, max_new_tokens=16, do_sample=False)  # transformers' path
+    assert torch.equal(out, expected)
+
+
+def test_sorted_trainer_lowers_the_loss(tmp_path):
+    from hf_spec.training.sorted_trainer import SortedTrainer, SortedTrainingConfig, pad_collator
+
+    _, drafter = sorted_pair(num_layers=2, exits=(1, 2), thresholds=(0.5, 0.0))
+    g = torch.Generator().manual_seed(0)
+    pattern = torch.randint(1, 128, (8,), generator=g)
+    rows = [{"input_ids": pattern.roll(i).repeat(3).tolist(), "labels": pattern.roll(i).repeat(3).tolist()}
+            for i in range(8)]  # fmt: skip
+    collate = pad_collator(0)
+    batch = collate(rows)
+    with torch.no_grad():
+        before = float(drafter(batch["input_ids"], labels=batch["labels"]).loss)
+    args = SortedTrainingConfig(output_dir=str(tmp_path), max_steps=15, per_device_train_batch_size=8,
+                                gradient_accumulation_steps=1, learning_rate=3e-3, warmup_ratio=0.0,
+                                save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0)  # fmt: skip
+    SortedTrainer(model=drafter.train(), args=args, train_dataset=rows, data_collator=collate).train()
+    drafter.eval()
+    after = float(drafter(batch["input_ids"], labels=batch["labels"]).loss)
+    assert after < 0.5 * before, (before, after)
+
+
+def test_search_thresholds_picks_and_records_the_best():
+    target, drafter = sorted_pair(thresholds=(0.5, 0.5, 0.0))
+    prompts = [random_prompt(8, seed=s) for s in (3, 4)]
+    candidates = [[0.0, 0.0, 0.0], [0.6, 0.6, 0.0], [2.0, 2.0, 0.0]]
+    best, results = search_thresholds(drafter, target, prompts, candidates=candidates, max_new_tokens=10)
+    assert [r["proxy"] for r in results] == sorted((r["proxy"] for r in results), reverse=True)
+    assert best == results[0]["thresholds"] and best in candidates
+    assert drafter.config.targets[0]["thresholds"] == best and drafter.thresholds == best
+    by = {tuple(r["thresholds"]): r for r in results}
+    assert by[(0.0, 0.0, 0.0)]["exit_counts"][1:] == [0, 0]
+    assert by[(2.0, 2.0, 0.0)]["exit_counts"][:2] == [0, 0]
