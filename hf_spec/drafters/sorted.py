@@ -89,13 +89,16 @@ class SortedDrafterConfig(SpecDrafterConfig):
         exits: 1-based layer counts after which an exit sits, increasing; the last must be
             ``num_layers``. Default: :func:`default_exits`.
         layer_config: the source's decoder settings (dict); layers come from transformers.
-        vocab_size: the drafter's (= every served target's) vocabulary size.
+        target_vocab_size: the drafter's own vocabulary size, which every served target shares
+            (stored under the base config's field; the drafter has no separate ``vocab_size``).
         targets: the targets this checkpoint serves, each a dict ``{"name_or_path",
             "model_type", "hidden_size" (optional), "vocab_size", "thresholds"}`` with one
             threshold per exit (the last exit always accepts; its value is ignored).
         default_thresholds: thresholds for a target not in ``targets`` (bound with a warning).
         source_model_name_or_path: the model the layers were extracted from (informative).
         tie_word_embeddings: LM head shares the embedding matrix (as in Qwen2.5-0.5B).
+        tree_depth / tree_total_tokens: the drafted chain has min(tree_depth, tree_total_tokens)
+            tokens; ``tree_top_k`` is ignored (always a chain, top-1 greedy or one sample).
     """
 
     model_type = "hf_spec_sorted"
@@ -106,24 +109,21 @@ class SortedDrafterConfig(SpecDrafterConfig):
         num_layers: int = 8,
         exits: list[int] | None = None,
         layer_config: dict | None = None,
-        vocab_size: int | None = None,
         targets: list[dict] | None = None,
         default_thresholds: list[float] | None = None,
         source_model_name_or_path: str | None = None,
         tie_word_embeddings: bool = False,
         tree_depth: int = 5,
         tree_top_k: int = 1,
-        tree_total_tokens: int = 5,
+        tree_total_tokens: int = 16,
         **kwargs,
     ):
         self.num_layers = int(num_layers)
         self.exits = [int(e) for e in (exits if exits is not None else default_exits(self.num_layers))]
         self.layer_config = layer_config or {}
-        self.vocab_size = vocab_size
         self.source_model_name_or_path = source_model_name_or_path
         self.default_thresholds = [float(t) for t in (default_thresholds or _default_thresholds(len(self.exits)))]
         self.targets = [dict(t) for t in (targets or [])]
-        kwargs.setdefault("target_vocab_size", vocab_size)
         if self.targets:
             kwargs.setdefault("target_model_name_or_path", self.targets[0].get("name_or_path"))
             kwargs.setdefault("target_model_type", self.targets[0].get("model_type"))
@@ -150,7 +150,7 @@ class SortedDrafterConfig(SpecDrafterConfig):
         model_type = fields.pop("model_type", None)
         if model_type not in DECODER_LAYERS:
             raise ValueError(f"Unsupported sorted drafter family {model_type!r}; supported: {sorted(DECODER_LAYERS)}.")
-        fields["vocab_size"] = self.vocab_size
+        fields["vocab_size"] = self.target_vocab_size
         config = AutoConfig.for_model(model_type, **fields)
         config.num_hidden_layers = self.num_layers
         if hasattr(config, "layer_types"):
@@ -165,11 +165,11 @@ class SortedDrafterConfig(SpecDrafterConfig):
         text = target.config.get_text_config()
         name = getattr(target.config, "_name_or_path", None) or None
         served = [t.get("name_or_path") for t in self.targets]
-        if self.vocab_size is not None and text.vocab_size != self.vocab_size:
+        if self.target_vocab_size is not None and text.vocab_size != self.target_vocab_size:
             raise ValueError(
-                f"This SortedDrafter (vocab size {self.vocab_size}, built from "
+                f"This SortedDrafter (vocab size {self.target_vocab_size}, built from "
                 f"{self.source_model_name_or_path or 'its source model'}) cannot draft for "
-                f"{name or type(target).__name__}: target vocab size {text.vocab_size} != drafter's {self.vocab_size}, "
+                f"{name or type(target).__name__}: target vocab size {text.vocab_size} != drafter's {self.target_vocab_size}, "
                 "so their tokenizers differ. Fix: use a target sharing the drafter's tokenizer "
                 f"(served targets: {served or 'none listed'}), or build a sorted drafter from a source model with this "
                 "target's tokenizer (SortedDrafter.from_source_model(...)) and train it (training_scripts/train_s2d.py)."
@@ -238,12 +238,12 @@ class SortedDrafter(SpecDrafterModel):
         layer_config = config.decoder_layer_config()
         layer_class, rotary_class = DECODER_LAYERS[layer_config.model_type]
         hidden = layer_config.hidden_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+        self.embed_tokens = nn.Embedding(config.target_vocab_size, hidden)
         self.layers = nn.ModuleList([layer_class(layer_config, i) for i in range(config.num_layers)])
         norm_class = type(self.layers[0].input_layernorm)  # the family's own RMSNorm
         self.norm = norm_class(hidden, eps=layer_config.rms_norm_eps)
         self.rotary_emb = rotary_class(config=layer_config)
-        self.lm_head = nn.Linear(hidden, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(hidden, config.target_vocab_size, bias=False)
         self._bound_target = None
         self.thresholds = list(config.default_thresholds)
         self.last_exit_counts = None
@@ -281,7 +281,7 @@ class SortedDrafter(SpecDrafterModel):
         defaults = default_thresholds or _default_thresholds(len(exits))
         entries = [t if isinstance(t, dict) else target_entry(t, defaults) for t in (targets or [])]
         config = SortedDrafterConfig(
-            num_layers=num_layers, exits=exits, layer_config=layer_config, vocab_size=text.vocab_size,
+            num_layers=num_layers, exits=exits, layer_config=layer_config, target_vocab_size=text.vocab_size,
             targets=entries, default_thresholds=defaults,
             source_model_name_or_path=source_name_or_path or getattr(model.config, "_name_or_path", None) or None,
             tie_word_embeddings=bool(getattr(text, "tie_word_embeddings", False)), **config_kwargs,
@@ -403,7 +403,7 @@ class SortedDrafter(SpecDrafterModel):
         fields = dict(self.config.layer_config)
         model_type = fields.pop("model_type")
         fields.pop("vocab_size", None)
-        config = AutoConfig.for_model(model_type, **fields, vocab_size=self.config.vocab_size,
+        config = AutoConfig.for_model(model_type, **fields, vocab_size=self.config.target_vocab_size,
                                       tie_word_embeddings=self.config.tie_word_embeddings)  # fmt: skip
         config.num_hidden_layers = exit_layer
         if hasattr(config, "layer_types"):
@@ -535,7 +535,7 @@ class SortedDraftingSession:
         if self.do_sample and drafts:
             tree.draft_probs = torch.stack(rows).exp()
         elif self.do_sample:
-            tree.draft_probs = torch.zeros(0, self.drafter.config.vocab_size, device=root.device)
+            tree.draft_probs = torch.zeros(0, self.drafter.config.target_vocab_size, device=root.device)
         return tree
 
 
