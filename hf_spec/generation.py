@@ -78,7 +78,8 @@ class _Target:
         self.sliding_window = target_sliding_window(model.config)
         self.seconds = 0.0
 
-    def forward(self, input_ids, cache, attention_mask=None, position_ids=None):
+    def forward(self, input_ids, cache, attention_mask=None, position_ids=None) -> torch.Tensor:
+        """Run the base model on top of ``cache``; returns the features (n, H) of the new tokens."""
         start = time.perf_counter()
         out = self.base(
             input_ids=input_ids,
@@ -87,10 +88,15 @@ class _Target:
             past_key_values=cache,
             use_cache=True,
         )
-        features = out.last_hidden_state[0]
+        self.seconds += time.perf_counter() - start
+        return out.last_hidden_state[0]
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Raw float32 logits for one position's features (H,); only positions the walk visits pay."""
+        start = time.perf_counter()
         logits = self.lm_head(features).float()
         self.seconds += time.perf_counter() - start
-        return features, logits
+        return logits
 
 
 def target_sliding_window(config) -> int | None:
@@ -186,14 +192,15 @@ def speculative_decode(
     input_ids = input_ids.to(model.device)
     session = drafter.new_drafting_session(model, shape, do_sample, temperature, prompt_ids=input_ids)
     cache = compat.full_dynamic_cache()
-    features, logits = target.forward(input_ids, cache)
+    features = target.forward(input_ids, cache)
+    last_logits = target.logits(features[-1])
     sequence = input_ids
     prompt_length = input_ids.shape[1]
 
     def process(context: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
         return logits_processor(context, raw.view(1, -1))[0] if len(logits_processor) else raw
 
-    first_scores = process(sequence, logits[-1])
+    first_scores = process(sequence, last_logits)
     if do_sample:
         first = torch.multinomial(torch.softmax(first_scores, dim=-1), 1)
     else:
@@ -201,7 +208,7 @@ def speculative_decode(
     pending_features = features
     pending_tokens = torch.cat([input_ids[0, 1:], first])
     emitted = [int(first)]
-    step_scores, step_logits = [first_scores], [logits[-1]]
+    step_scores, step_logits = [first_scores], [last_logits]
 
     finished = False
     while True:
@@ -221,7 +228,7 @@ def speculative_decode(
 
         tree = session.propose(pending_features, pending_tokens)
         past = cache.get_seq_length()
-        features, logits = target.forward(
+        features = target.forward(
             tree.tokens.view(1, -1),
             cache,
             attention_mask=tree.attention_mask(past, target.base.dtype, target.sliding_window),
@@ -234,7 +241,9 @@ def speculative_decode(
             context = torch.cat([sequence, tree.path_tokens(node).view(1, -1)], dim=1)
             return process(context, raw)
 
-        walk = verify_tree(tree, logits, process_node, do_sample, keep_scores=keep_scores or keep_logits)
+        walk = verify_tree(
+            tree, lambda node: target.logits(features[node]), process_node, do_sample, keep_scores or keep_logits
+        )
         stats.accepted_lengths.append(walk.num_accepted_drafts)
         accepted = torch.tensor(walk.nodes, device=features.device)
         keep_accepted(cache, past, accepted)

@@ -61,7 +61,7 @@ ProcessFn = Callable[[int, torch.Tensor], torch.Tensor]
 
 def verify_tree(
     tree: DraftTree,
-    target_logits: torch.Tensor,
+    target_logits: Callable[[int], torch.Tensor],
     process: ProcessFn,
     do_sample: bool,
     keep_scores: bool = False,
@@ -69,7 +69,9 @@ def verify_tree(
 ) -> WalkResult:
     """Walk the verified tree and return the emitted tokens and accepted nodes.
 
-    ``target_logits``: (n, V) raw target logits at every tree node. ``process`` applies the
+    ``target_logits(node)``: the raw target logits (V,) at a tree node; the walk asks only for
+    the nodes it visits (at most depth + 1), so the LM head never runs over the whole tree.
+    ``process`` applies the
     generation's logits processors and warpers with the node's own context, exactly as
     transformers' ``_sample`` does for one position.
     """
@@ -78,7 +80,7 @@ def verify_tree(
     slot_of_node[tree.expanded.cpu()] = torch.arange(tree.expanded.shape[0])
     node = 0
     while True:
-        raw = target_logits[node]
+        raw = target_logits(node)
         scores = process(node, raw)
         if keep_scores:
             result.scores.append(scores)
