@@ -7,7 +7,14 @@ the one integration point (see :mod:`hf_spec.generation`): afterwards
 
 from transformers import AutoConfig, AutoModel
 
-from .drafters import EagleDrafter, EagleDrafterConfig, SpecDrafterConfig, SpecDrafterModel
+from .drafters import (
+    EagleDrafter,
+    EagleDrafterConfig,
+    ParallelDrafter,
+    ParallelDrafterConfig,
+    SpecDrafterConfig,
+    SpecDrafterModel,
+)
 from .generation import GenerationStats, install, speculative_decode, uninstall
 from .resources import PACKAGED_MODELS, load_packaged_model, packaged_model_path
 from .tree.dynamic import TreeShape
@@ -15,7 +22,10 @@ from .tree.tree import DraftTree
 
 __version__ = "0.1.0"
 
-DRAFTER_CLASSES = {EagleDrafterConfig.model_type: (EagleDrafterConfig, EagleDrafter)}
+DRAFTER_CLASSES = {
+    EagleDrafterConfig.model_type: (EagleDrafterConfig, EagleDrafter),
+    ParallelDrafterConfig.model_type: (ParallelDrafterConfig, ParallelDrafter),
+}
 """model_type -> (config class, model class) of every drafter family."""
 
 for _model_type, (_config_class, _model_class) in DRAFTER_CLASSES.items():
@@ -27,6 +37,8 @@ install()
 __all__ = [
     "EagleDrafter",
     "EagleDrafterConfig",
+    "ParallelDrafter",
+    "ParallelDrafterConfig",
     "SpecDrafterConfig",
     "SpecDrafterModel",
     "GenerationStats",

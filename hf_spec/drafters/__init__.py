@@ -2,5 +2,6 @@
 
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .eagle import EagleDrafter, EagleDrafterConfig
+from .parallel import ParallelDrafter, ParallelDrafterConfig
 
-__all__ = ["SpecDrafterConfig", "SpecDrafterModel", "EagleDrafter", "EagleDrafterConfig"]
+__all__ = ["SpecDrafterConfig", "SpecDrafterModel", "EagleDrafter", "EagleDrafterConfig", "ParallelDrafter", "ParallelDrafterConfig"]
