@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from dataclasses import dataclass, field
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
@@ -30,20 +31,19 @@ import hf_spec  # noqa: E402
 from hf_spec.training.parallel import ParallelTrainer, ParallelTrainingArguments, collate_features  # noqa: E402
 
 
+@dataclass
+class ScriptArguments:
+    target_model: str = field(metadata={"help": "Target model name or path."})
+    dataset: str = field(metadata={"help": "JSON-lines file or load_from_disk directory (text or input_ids)."})
+    num_mask_tokens: int = field(default=4, metadata={"help": "k [MASK] tokens (paper: 4, group size 5)."})
+    tree_widths: str = field(default="4,2,2,1,1", metadata={"help": "Default static tree widths per depth."})
+    max_length: int = field(default=1024, metadata={"help": "Tokens per training sequence."})
+    max_samples: int | None = field(default=None, metadata={"help": "Use only the first N rows."})
+    feature_cache: str | None = field(default=None, metadata={"help": "safetensors cache of target features."})
+    dtype: str = field(default="bfloat16", metadata={"help": "Target dtype for feature extraction."})
+
+
 def build_parser() -> HfArgumentParser:
-    from dataclasses import dataclass, field
-
-    @dataclass
-    class ScriptArguments:
-        target_model: str = field(metadata={"help": "Target model name or path."})
-        dataset: str = field(metadata={"help": "JSON-lines file or load_from_disk directory (text or input_ids)."})
-        num_mask_tokens: int = field(default=4, metadata={"help": "k [MASK] tokens (paper: 4, group size 5)."})
-        tree_widths: str = field(default="4,2,2,1,1", metadata={"help": "Default static tree widths per depth."})
-        max_length: int = field(default=1024, metadata={"help": "Tokens per training sequence."})
-        max_samples: int | None = field(default=None, metadata={"help": "Use only the first N rows."})
-        feature_cache: str | None = field(default=None, metadata={"help": "safetensors cache of target features."})
-        dtype: str = field(default="bfloat16", metadata={"help": "Target dtype for feature extraction."})
-
     return HfArgumentParser((ScriptArguments, ParallelTrainingArguments))
 
 
@@ -91,14 +91,16 @@ def main(argv=None) -> None:
     target = AutoModelForCausalLM.from_pretrained(script.target_model, dtype=getattr(torch, script.dtype)).eval()
     target.requires_grad_(False)
     rows = extract_features(script, target, tokenizer)
-    target = target.float()  # the drafter trains in fp32; the borrowed LM head follows the target's dtype
+    target = target.float()  # the drafter trains in fp32; its borrowed LM head follows the target's dtype
     widths = [int(w) for w in script.tree_widths.split(",")]
-    drafter = hf_spec.ParallelDrafter.from_target(target, name_or_path=script.target_model,
-                                                  num_mask_tokens=script.num_mask_tokens, tree_widths=widths)  # fmt: skip
+    drafter = hf_spec.ParallelDrafter.from_target(
+        target, name_or_path=script.target_model, num_mask_tokens=script.num_mask_tokens, tree_widths=widths
+    )
     trainer = ParallelTrainer(model=drafter, args=args, train_dataset=rows, data_collator=collate_features)
     last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
     trainer.train(resume_from_checkpoint=last)
-    drafter.save_pretrained(args.output_dir, training_info={"command": " ".join(sys.argv), "epochs": args.num_train_epochs})
+    info = {"command": " ".join(sys.argv), "epochs": args.num_train_epochs}
+    drafter.save_pretrained(args.output_dir, training_info=info)
 
 
 if __name__ == "__main__":

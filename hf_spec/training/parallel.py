@@ -98,8 +98,14 @@ def build_parallel_layout(num_pairs: int, anchors: torch.Tensor, num_mask_tokens
     return ParallelLayout(source_index, mask_ids, position_ids, target_index, allowed)
 
 
-def sample_anchors(num_pairs: int, num_groups: int, num_mask_tokens: int, batch_size: int = 1,
-                   generator: torch.Generator | None = None, lengths: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def sample_anchors(
+    num_pairs: int,
+    num_groups: int,
+    num_mask_tokens: int,
+    batch_size: int = 1,
+    generator: torch.Generator | None = None,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
     """(b, G) distinct random anchors per row, chosen so every mask of the group has a target.
 
     ``lengths`` (b,): usable pairs per row (right padding excluded); default ``num_pairs``.
