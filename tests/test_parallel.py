@@ -99,6 +99,12 @@ def test_static_tree_shape_and_candidates():
     for row in sampled.candidate_tokens:
         kept = row[row >= 0]
         assert kept.unique().numel() == kept.numel()
+    # zero-probability draws are no nodes and no candidates; nothing below them is expanded
+    narrow = torch.full((2, 8), float("-inf"))
+    narrow[:, :2] = 0.0
+    small = build_static_tree(7, torch.log_softmax(narrow, -1), (4, 3), sample=True)
+    assert len(small) == 1 + 2 + 4 and small.expanded.tolist() == [0, 1, 2]
+    assert bool((small.candidate_tokens[:, 2:] == -1).all())
 
 
 WIDTHS = [(4, 2, 2, 1, 1), (1,), (1, 1, 1, 1, 1), (3, 3), (2, 1, 2)]

@@ -86,7 +86,7 @@ def build_static_tree(
     pinning every expanded node when sampling.
     """
     device = logq.device
-    widths = [int(w) for w in widths]
+    widths = [min(int(w), logq.shape[-1]) for w in widths]  # never more candidates than tokens
     if logq.shape[0] < len(widths):
         raise ValueError(f"{len(widths)} tree depths need as many draft distributions, got {logq.shape[0]}.")
     tokens = [torch.tensor([root_token], dtype=torch.long, device=device)]
