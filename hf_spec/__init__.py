@@ -7,8 +7,16 @@ the one integration point (see :mod:`hf_spec.generation`): afterwards
 
 from transformers import AutoConfig, AutoModel
 
-from .drafters import EagleDrafter, EagleDrafterConfig, SpecDrafterConfig, SpecDrafterModel
-from .drafters.sorted import SortedDrafter, SortedDrafterConfig
+from .drafters import (
+    EagleDrafter,
+    EagleDrafterConfig,
+    ParallelDrafter,
+    ParallelDrafterConfig,
+    SortedDrafter,
+    SortedDrafterConfig,
+    SpecDrafterConfig,
+    SpecDrafterModel,
+)
 from .generation import GenerationStats, install, speculative_decode, uninstall
 from .resources import PACKAGED_MODELS, load_packaged_model, packaged_model_path
 from .tree.dynamic import TreeShape
@@ -19,6 +27,7 @@ __version__ = "0.1.0"
 DRAFTER_CLASSES = {
     EagleDrafterConfig.model_type: (EagleDrafterConfig, EagleDrafter),
     SortedDrafterConfig.model_type: (SortedDrafterConfig, SortedDrafter),
+    ParallelDrafterConfig.model_type: (ParallelDrafterConfig, ParallelDrafter),
 }
 """model_type -> (config class, model class) of every drafter family."""
 
@@ -33,6 +42,8 @@ __all__ = [
     "EagleDrafterConfig",
     "SortedDrafter",
     "SortedDrafterConfig",
+    "ParallelDrafter",
+    "ParallelDrafterConfig",
     "SpecDrafterConfig",
     "SpecDrafterModel",
     "GenerationStats",

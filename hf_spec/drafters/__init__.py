@@ -2,5 +2,16 @@
 
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .eagle import EagleDrafter, EagleDrafterConfig
+from .parallel import ParallelDrafter, ParallelDrafterConfig
+from .sorted import SortedDrafter, SortedDrafterConfig
 
-__all__ = ["SpecDrafterConfig", "SpecDrafterModel", "EagleDrafter", "EagleDrafterConfig"]
+__all__ = [
+    "SpecDrafterConfig",
+    "SpecDrafterModel",
+    "EagleDrafter",
+    "EagleDrafterConfig",
+    "ParallelDrafter",
+    "ParallelDrafterConfig",
+    "SortedDrafter",
+    "SortedDrafterConfig",
+]

@@ -120,6 +120,7 @@ class EagleDrafter(SpecDrafterModel):
         past_key_values=None,
         use_cache: bool = False,
         output_logits: bool = False,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> EagleDrafterOutput:
         """One drafter pass.
 
@@ -130,8 +131,10 @@ class EagleDrafter(SpecDrafterModel):
             attention_mask: additive float (b|1, 1, s, past + s) mask, or a (b, s) 0/1
                 padding mask combined with causal masking; causal when omitted.
             past_key_values: a transformers ``Cache`` for incremental drafting.
+            inputs_embeds: (b, s, H) token embeddings used instead of ``embed(input_ids)``
+                (subclasses that feed learned embeddings, e.g. ParallelSpec's [MASK]s).
         """
-        embeds = self.embed(input_ids).to(self.fc.weight.dtype)
+        embeds = (self.embed(input_ids) if inputs_embeds is None else inputs_embeds).to(self.fc.weight.dtype)
         x = self.fc(torch.cat([embeds, hidden_states.to(self.fc.weight.dtype)], dim=-1))
         batch, length = input_ids.shape
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
