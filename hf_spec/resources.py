@@ -359,6 +359,7 @@ def load_packaged_model(name: str, dtype: torch.dtype = torch.bfloat16, attn_imp
 
     path = packaged_model_path(name)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    model.config._name_or_path = name  # the packaged name, not the cache path: drafters record it as their target
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model.eval(), tokenizer
 
