@@ -173,6 +173,10 @@ class SpecDrafterModel(PreTrainedModel):
         elif hasattr(module, "weight") and isinstance(getattr(module, "weight", None), torch.nn.Parameter):
             if module.weight.dim() == 1:  # norms
                 module.weight.data.fill_(1.0)
+        elif "RotaryEmbedding" in type(module).__name__:
+            # inv_freq is a non-persistent buffer: from_pretrained builds the model on the meta device and
+            # relies on _init_weights to recompute it; without this it stays uninitialized memory.
+            super()._init_weights(module)
 
     def tree_shape(self, depth=None, top_k=None, total_tokens=None) -> TreeShape:
         """Tree shape for one generation: explicit values, else the drafter's generation_config."""
