@@ -126,7 +126,9 @@ def test_hass_loss_is_weighted_sum_of_step_losses():
     ids = torch.randint(1, 128, (2, 8), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         feats = target.base_model(input_ids=ids).last_hidden_state
-    d_ids, f_in, f_tgt, mask = shift_for_drafter(ids, feats, torch.ones_like(ids))
+    loss_mask = torch.ones_like(ids)
+    loss_mask[0, :4] = 0  # a prompt: those positions must not count
+    d_ids, f_in, f_tgt, mask = shift_for_drafter(ids, feats, loss_mask)
     out = hass_loss(drafter, d_ids, f_in, f_tgt, mask, num_steps=3, beta=0.5, w_topk=0.7, topk=5,
                     return_predictions=True)  # fmt: skip
     target_logits = drafter.lm_logits(f_tgt)
@@ -302,3 +304,51 @@ def test_killed_and_resumed_run_equals_straight_run(feature_cache, tmp_path):
     saved = load_file(str(tmp_path / "killed" / f"checkpoint-{2 * n}" / "model.safetensors"))
     assert saved.keys() == straight.model.state_dict().keys()
     assert not any("embed" in k or "lm_head" in k for k in saved)
+
+
+_DDP_SCRIPT = """
+import sys, torch
+sys.path[:0] = [{root!r}, {tests!r}]
+import hf_spec
+from conftest import make_target
+from test_training import _conversations, tiny_chat_tokenizer
+from hf_spec.training.collators import FeatureCollator
+from hf_spec.training.data import build_feature_cache, load_feature_cache
+from hf_spec.training.trainers import HassTrainer, HassTrainingArguments
+
+args = HassTrainingArguments(output_dir={out!r}, per_device_train_batch_size=4, max_steps=4, save_steps=2,
+                             learning_rate=1e-3, warmup_steps=1, use_cpu=True, disable_tqdm=True, hass_steps=2)
+target = make_target("llama")
+with args.main_process_first():
+    build_feature_cache(target, tiny_chat_tokenizer(), _conversations(16), {out!r} + "/features", max_length=48)
+dataset, storage = load_feature_cache({out!r} + "/features")
+torch.manual_seed(0)
+trainer = HassTrainer(model=hf_spec.EagleDrafter.from_target(target), args=args,
+                      train_dataset=dataset.with_format("numpy"), data_collator=FeatureCollator(storage=storage))
+trainer.train(resume_from_checkpoint={resume})
+assert trainer.accelerator.num_processes == 2, trainer.accelerator.num_processes
+if trainer.is_world_process_zero():
+    trainer.model.save_pretrained({out!r} + "/final")
+"""
+
+
+@pytest.mark.slow
+def test_hass_trainer_under_accelerate_launch_two_processes(tmp_path):
+    """Two CPU processes (gloo DDP): trains, checkpoints, and resumes from the checkpoint."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    for resume in (False, True):
+        script = tmp_path / f"ddp_{resume}.py"
+        script.write_text(_DDP_SCRIPT.format(root=str(tests.parent), tests=str(tests), out=str(tmp_path / "run"),
+                                             resume=resume))  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script)]  # fmt: skip
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+    assert (tmp_path / "run" / "checkpoint-4").is_dir()

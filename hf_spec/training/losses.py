@@ -133,8 +133,13 @@ def hass_loss(
     from transformers import DynamicCache
 
     batch, seq_len = input_ids.shape
+    # Vocabulary-sized work (LM head, softmaxes) only at positions that count in the loss:
+    # that is where a CPU step spends its time, and prompt positions are masked out anyway.
+    select = torch.ones(batch, seq_len, dtype=torch.bool, device=input_ids.device) if loss_mask is None else loss_mask.bool()
+    target_sel = target_features[select]
     with torch.no_grad():
-        target_logits = drafter.lm_logits(target_features)
+        target_probs = torch.softmax(drafter.lm_logits(target_sel).float(), dim=-1)
+        top_probs, top_ids = target_probs.topk(min(topk, target_probs.shape[-1]), dim=-1)
     cache = DynamicCache()
     position_ids = torch.arange(seq_len, device=input_ids.device).view(1, -1).expand(batch, -1)
     features = hidden_states
@@ -145,15 +150,19 @@ def hass_loss(
         dtype = drafter.fc.weight.dtype
         mask = hass_step_mask(seq_len, step, dtype, input_ids.device)
         out = (forward or drafter)(input_ids=input_ids, hidden_states=features, position_ids=position_ids,
-                      attention_mask=mask, past_key_values=cache, use_cache=step < num_steps)  # fmt: skip
+                                   attention_mask=mask, past_key_values=cache, use_cache=True)  # fmt: skip
         predicted = out.last_hidden_state
         predictions.append(predicted)
-        predicted_logits = drafter.lm_logits(predicted)
-        parts = eagle_loss(predicted, target_features, predicted_logits, target_logits, loss_mask, w_reg, w_cls)
-        topk_part = topk_distillation_loss(predicted_logits, target_logits, loss_mask, topk)
-        total = total + beta ** (step - 1) * (parts["loss"] + w_topk * topk_part)
-        metrics.update({f"reg_{step}": parts["reg"].detach(), f"cls_{step}": parts["cls"].detach(),
-                        f"topk_{step}": topk_part.detach()})  # fmt: skip
+        if select.any():
+            pred_sel = predicted[select]
+            reg = F.smooth_l1_loss(pred_sel.float(), target_sel.float(), reduction="none").mean(-1).mean()
+            log_p = torch.log_softmax(drafter.lm_logits(pred_sel).float(), dim=-1)
+            cls = -(target_probs * log_p).sum(-1).mean()
+            topk_part = -(top_probs * log_p.gather(-1, top_ids)).sum(-1).mean()
+        else:  # nothing to learn in this batch; keep the graph connected for DDP
+            reg = cls = topk_part = predicted.sum() * 0.0
+        total = total + beta ** (step - 1) * (w_reg * reg + w_cls * cls + w_topk * topk_part)
+        metrics.update({f"reg_{step}": reg.detach(), f"cls_{step}": cls.detach(), f"topk_{step}": topk_part.detach()})
         features = torch.cat([hidden_states[:, :1], predicted[:, :-1].detach().to(hidden_states.dtype)], dim=1)
     if return_predictions:
         metrics["predictions"] = predictions

@@ -34,7 +34,6 @@ class EagleTrainingArguments(TrainingArguments):
     lr_scheduler_type: str = field(default="linear", metadata={"help": "schedule after warmup (EAGLE: linear decay)"})
     per_device_train_batch_size: int = field(default=4, metadata={"help": "sequences per device and step (EAGLE: 4)"})
     remove_unused_columns: bool = field(default=False, metadata={"help": "must stay False: the collator needs loss_mask"})
-    report_to: str | list[str] | None = field(default="none", metadata={"help": "integrations to report to"})
 
 
 @dataclass
@@ -65,9 +64,14 @@ class EagleTrainer(Trainer):
         drafter = self.accelerator.unwrap_model(model)
         ids, feats_in, feats_target, mask = _drafter_inputs(self, inputs)
         predicted = model(input_ids=ids, hidden_states=feats_in).last_hidden_state
+        select = mask.bool()  # LM head and softmaxes only where the loss counts (the CPU cost of a step)
+        if not select.any():
+            loss = predicted.sum() * 0.0
+            return (loss, {"loss": loss}) if return_outputs else loss
+        predicted, feats_target = predicted[select], feats_target[select]
         with torch.no_grad():
             target_logits = drafter.lm_logits(feats_target)
-        out = eagle_loss(predicted, feats_target, drafter.lm_logits(predicted), target_logits, mask,
+        out = eagle_loss(predicted, feats_target, drafter.lm_logits(predicted), target_logits, None,
                          self.args.w_reg, self.args.w_cls)  # fmt: skip
         return (out["loss"], out) if return_outputs else out["loss"]
 
