@@ -89,6 +89,8 @@ def load_conversations(dataset: str, limit: int | None = None, seed: int = 0) ->
         raise ValueError(f"Unknown dataset {dataset!r}: use 'sharegpt', 'chitchat' or a path to a .jsonl file.")
     out = []
     for i, record in enumerate(raw):
+        if isinstance(record, list):  # hf_spec.bench.datasets yields bare turn lists
+            record = {"id": f"{dataset}-{i}", "messages": record}
         messages = normalize_messages(record.get("messages") or record.get("conversations") or [])
         if messages is None:
             continue
@@ -113,7 +115,7 @@ def _package_dir(name: str) -> Path:
 
 
 def _sharegpt_records():
-    try:  # after the merge with the bench branch
+    try:  # after the merge with the bench branch (records are then bare turn lists, ids = index)
         from ..bench.datasets import load_sharegpt  # type: ignore[attr-defined]
     except ImportError:
         return _load_sharegpt_fallback()
@@ -327,14 +329,17 @@ def self_distill(
     max_turns: int = 2,
     max_prompt_tokens: int = 768,
     batch_size: int = 16,
+    stop_after: int | None = None,
 ) -> str:
     """Regenerate assistant turns with ``target`` (greedy), writing one jsonl line per conversation.
 
     Turn by turn, as HASS A.4: the user turns are kept, each assistant answer is the target's
     own greedy continuation given the previous *generated* answers. Conversations whose id is
     already in ``output_path`` are skipped, so an interrupted run resumes where it stopped.
-    Batches are left-padded; greedy answers may differ from unbatched ones in the last ulp,
-    which does not matter for training data.
+    Conversations are processed shortest first prompt first, in batches of ``batch_size``;
+    ``stop_after`` stops once that many conversations are in the file. Batches are
+    left-padded; greedy answers may differ from unbatched ones in the last ulp, which does not
+    matter for training data.
     """
     done = set()
     if os.path.exists(output_path):
@@ -346,10 +351,13 @@ def self_distill(
     tokenizer.padding_side = "left"
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = target.generation_config.eos_token_id
-    stop_ids = set(eos if isinstance(eos, list) else [eos]) | ({tokenizer.eos_token_id} - {None})
+    stop_ids = (set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}) - {None}
     os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
     with open(output_path, "a") as out:
+        written = len(done)
         for start in tqdm(range(0, len(todo), batch_size), desc="self-distill", unit="batch"):
+            if stop_after is not None and written >= stop_after:
+                break
             chunk = todo[start : start + batch_size]
             system = [c["messages"][:1] if c["messages"][0]["role"] == "system" else [] for c in chunk]
             users = [[m["content"] for m in c["messages"] if m["role"] == "user"][:max_turns] for c in chunk]
@@ -377,6 +385,7 @@ def self_distill(
             for c, d in zip(chunk, dialogs):
                 if any(m["role"] == "assistant" for m in d):
                     out.write(json.dumps({"id": c["id"], "messages": d}) + "\n")
+                    written += 1
             out.flush()
     return output_path
 
@@ -480,6 +489,7 @@ def main(argv=None):
     sd.add_argument("--max_new_tokens", type=int, default=256)
     sd.add_argument("--max_turns", type=int, default=2)
     sd.add_argument("--batch_size", type=int, default=16)
+    sd.add_argument("--stop_after", type=int, default=None, help="stop once this many conversations are done")
     sd.add_argument("--shuffle_seed", type=int, default=None, help="shuffle before taking num_conversations")
     ft.add_argument("--max_length", type=int, default=1024)
     ft.add_argument("--storage", default="bfloat16", choices=sorted(FEATURE_DTYPES))
@@ -490,7 +500,7 @@ def main(argv=None):
         if args.shuffle_seed is not None:
             random.Random(args.shuffle_seed).shuffle(conversations)
         self_distill(target, tokenizer, conversations[: args.num_conversations], args.output,
-                     args.max_new_tokens, args.max_turns, batch_size=args.batch_size)  # fmt: skip
+                     args.max_new_tokens, args.max_turns, batch_size=args.batch_size, stop_after=args.stop_after)  # fmt: skip
     else:
         conversations = load_conversations(args.dataset, args.num_conversations)
         build_feature_cache(target, tokenizer, conversations, args.output, args.max_length, args.storage)
