@@ -43,6 +43,9 @@ def main(argv=None):
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(FEATURE_DTYPES))
     parser.add_argument("--output", default=None)
+    parser.add_argument("--tree_depth", type=int, default=None, help="default: the drafter's generation_config")
+    parser.add_argument("--tree_top_k", type=int, default=None)
+    parser.add_argument("--tree_total_tokens", type=int, default=None)
     args = parser.parse_args(argv)
 
     target, tokenizer = load_target(args.target_model, FEATURE_DTYPES[args.dtype])
@@ -51,6 +54,7 @@ def main(argv=None):
     methods = ["plain", *drafters]
     rows = []
     gen = dict(max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    tree = {k: v for k in ("tree_depth", "tree_top_k", "tree_total_tokens") if (v := getattr(args, k)) is not None}
     with torch.inference_mode():
         warm = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
                                              return_tensors="pt", return_dict=True)["input_ids"]  # fmt: skip
@@ -64,19 +68,20 @@ def main(argv=None):
             for m in methods:
                 drafter = drafters.get(m)
                 start = time.perf_counter()
-                out = target.generate(ids, assistant_model=drafter, **gen)
+                out = target.generate(ids, assistant_model=drafter, **gen, **(tree if drafter is not None else {}))
                 seconds = time.perf_counter() - start
                 outputs[m] = out
                 row[m] = {"seconds": seconds, "new_tokens": out.shape[1] - ids.shape[1]}
                 if drafter is not None:
                     stats = drafter.last_generation_stats
                     row[m].update(tau=stats.tau, cycles=stats.cycles,
-                                  identical=bool(torch.equal(out, outputs["plain"])))  # fmt: skip
+                                  identical=bool(torch.equal(out, outputs["plain"])),
+                                  drafter_s=stats.drafter_forward_seconds, target_s=stats.target_forward_seconds)  # fmt: skip
             rows.append(row)
             print(i, {m: {k: round(v, 3) if isinstance(v, float) else v for k, v in row[m].items()} for m in methods},
                   flush=True)  # fmt: skip
     summary = {"target": args.target_model, "dtype": args.dtype, "max_new_tokens": args.max_new_tokens,
-               "num_prompts": len(prompts), "threads": torch.get_num_threads(), "methods": {}}  # fmt: skip
+               "num_prompts": len(prompts), "threads": torch.get_num_threads(), "tree": tree, "methods": {}}  # fmt: skip
     plain_s = sum(r["plain"]["seconds"] for r in rows)
     plain_tok = sum(r["plain"]["new_tokens"] for r in rows)
     for m in methods:
@@ -85,7 +90,8 @@ def main(argv=None):
                  "speedup": plain_s / seconds}  # fmt: skip
         if m != "plain":
             cycles = sum(r[m]["cycles"] for r in rows)
-            entry.update(tau=sum(r[m]["new_tokens"] for r in rows) / cycles,  # tokens per target forward
+            entry.update(drafter_s=sum(r[m]["drafter_s"] for r in rows), target_s=sum(r[m]["target_s"] for r in rows),
+                         tau=sum(r[m]["tau"] * r[m]["cycles"] for r in rows) / cycles,  # pooled over all cycles
                          tau_mean_of_prompts=sum(r[m]["tau"] for r in rows) / len(rows),
                          identical=sum(r[m]["identical"] for r in rows))  # fmt: skip
         summary["methods"][m] = entry
