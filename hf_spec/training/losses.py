@@ -35,6 +35,140 @@ def eagle_loss(
     return {"loss": w_reg * reg + w_cls * cls, "reg": reg, "cls": cls}
 
 
+def topk_distillation_loss(
+    predicted_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    k: int = 10,
+) -> torch.Tensor:
+    """HASS's harmonized objective distillation (eq. 1): ``-sum_{x in top-K(q)} q(x) log p(x)``.
+
+    ``q`` is the target's full softmax (not renormalised over the top-K set, as in the paper),
+    ``p`` the drafter's; the sum runs over the K tokens the target ranks highest. Shapes:
+    logits (b, s, V), ``loss_mask`` (b, s); returns the masked mean over positions.
+    """
+    target_probs = torch.softmax(target_logits.float(), dim=-1)
+    top_probs, top_ids = target_probs.topk(min(k, target_probs.shape[-1]), dim=-1)
+    log_p = torch.log_softmax(predicted_logits.float(), dim=-1).gather(-1, top_ids)
+    return masked_mean(-(top_probs * log_p).sum(-1), loss_mask)
+
+
+def hass_step_mask(seq_len: int, step: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """The additive attention mask of HASS training step ``step`` (1-based), (1, 1, s, step * s).
+
+    Keys come in ``step`` blocks of ``s`` positions: block 0 holds the keys computed from the
+    target's features (step 1's inputs), block ``b`` those computed in step ``b + 1`` from the
+    features the drafter predicted in step ``b``. The query at position t (whose input is the
+    step ``step - 1`` prediction) sees, as at decoding depth ``step``:
+
+    - its own key from the newest block (``b = step - 1``),
+    - for ``1 <= b < step - 1``: position ``t - (step - 1 - b)`` from block ``b`` (its drafted
+      ancestors, each one drafting step older),
+    - positions ``<= t - (step - 1)`` from block 0 (the verified context, target features).
+
+    Step 1 is the plain causal mask (EAGLE). See HASS §3.2, Figure 3 and A.1.
+    """
+    if step < 1:
+        raise ValueError(f"HASS steps are 1-based, got {step}.")
+    q = torch.arange(seq_len, device=device).view(-1, 1)
+    k = torch.arange(seq_len, device=device).view(1, -1)
+    blocks = [k <= q - (step - 1)]
+    blocks += [k == q - (step - 1 - b) for b in range(1, step)]
+    allowed = torch.cat(blocks, dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.view(1, 1, seq_len, step * seq_len)
+
+
+def shift_for_drafter(input_ids, hidden_states, loss_mask, attention_mask=None):
+    """Align a tokenized, featurized sequence to the drafter's pairs.
+
+    From ids x_0..x_{L-1} and target features f_0..f_{L-1}, drafter position t holds
+    (f_t, x_{t+1}) for t = 0..L-2, and learns f_{t+1} and the target's next-token distribution
+    ``lm_head(f_{t+1})`` over x_{t+2}. Position t counts in the loss iff x_{t+2} exists, is an
+    assistant token (``loss_mask``) and is not padding. Returns (ids, feats_in, feats_target,
+    position loss mask), each of length L-1.
+    """
+    valid = loss_mask if attention_mask is None else loss_mask * attention_mask
+    position_mask = torch.zeros_like(valid[:, 1:])
+    position_mask[:, :-1] = valid[:, 2:]
+    return input_ids[:, 1:], hidden_states[:, :-1], hidden_states[:, 1:], position_mask
+
+
+def hass_loss(
+    drafter,
+    input_ids: torch.Tensor,
+    hidden_states: torch.Tensor,
+    target_features: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    num_steps: int = 3,
+    beta: float = 1.0,
+    w_topk: float = 1.0,
+    topk: int = 10,
+    w_reg: float = 1.0,
+    w_cls: float = 0.1,
+    forward=None,
+    return_predictions: bool = False,
+) -> dict[str, torch.Tensor]:
+    """HASS training loss: ``sum_j beta^(j-1) * (EAGLE loss_j + w_topk * TopK loss_j)``.
+
+    Args:
+        drafter: an :class:`~hf_spec.EagleDrafter` bound to the target.
+        input_ids, hidden_states: the drafter's inputs (b, s) tokens x_{t+1} and (b, s, H)
+            target features f_t (see :func:`shift_for_drafter`).
+        target_features: (b, s, H) f_{t+1}; the target logits are ``lm_head`` of these.
+        num_steps: harmonized context alignment steps n (1 = EAGLE + Top-K).
+        forward: what to call for the drafter's forward passes (e.g. its DDP wrapper);
+            defaults to ``drafter``.
+        return_predictions: also return ``predictions``, the list of each step's predicted
+            features (b, s, H).
+
+    Step 1 is EAGLE's forward. Step j feeds, at position t, the feature the drafter predicted
+    for position t in step j-1 (the prediction made at t-1; position 0 keeps f_0), detached as
+    in HASS A.1, with the same tokens. Its keys/values mix the earlier steps' blocks exactly as
+    :func:`hass_step_mask` says; the earlier blocks come from a ``DynamicCache`` filled by the
+    previous steps, so each step costs one drafter pass over s positions. Returns ``loss`` and
+    per-step ``reg_j``, ``cls_j``, ``topk_j`` (detached).
+    """
+    from transformers import DynamicCache
+
+    batch, seq_len = input_ids.shape
+    # Vocabulary-sized work (LM head, softmaxes) only at positions that count in the loss:
+    # that is where a CPU step spends its time, and prompt positions are masked out anyway.
+    select = torch.ones(batch, seq_len, dtype=torch.bool, device=input_ids.device) if loss_mask is None else loss_mask.bool()
+    target_sel = target_features[select]
+    with torch.no_grad():
+        target_probs = torch.softmax(drafter.lm_logits(target_sel).float(), dim=-1)
+        top_probs, top_ids = target_probs.topk(min(topk, target_probs.shape[-1]), dim=-1)
+    cache = DynamicCache()
+    position_ids = torch.arange(seq_len, device=input_ids.device).view(1, -1).expand(batch, -1)
+    features = hidden_states
+    total = 0.0
+    metrics = {}
+    predictions = []
+    for step in range(1, num_steps + 1):
+        dtype = drafter.fc.weight.dtype
+        mask = hass_step_mask(seq_len, step, dtype, input_ids.device)
+        out = (forward or drafter)(input_ids=input_ids, hidden_states=features, position_ids=position_ids,
+                                   attention_mask=mask, past_key_values=cache, use_cache=True)  # fmt: skip
+        predicted = out.last_hidden_state
+        predictions.append(predicted)
+        if select.any():
+            pred_sel = predicted[select]
+            reg = F.smooth_l1_loss(pred_sel.float(), target_sel.float(), reduction="none").mean(-1).mean()
+            log_p = torch.log_softmax(drafter.lm_logits(pred_sel).float(), dim=-1)
+            cls = -(target_probs * log_p).sum(-1).mean()
+            topk_part = -(top_probs * log_p.gather(-1, top_ids)).sum(-1).mean()
+        else:  # nothing to learn in this batch; keep the graph connected for DDP
+            reg = cls = topk_part = predicted.sum() * 0.0
+        total = total + beta ** (step - 1) * (w_reg * reg + w_cls * cls + w_topk * topk_part)
+        metrics.update({f"reg_{step}": reg.detach(), f"cls_{step}": cls.detach(), f"topk_{step}": topk_part.detach()})
+        features = torch.cat([hidden_states[:, :1], predicted[:, :-1].detach().to(hidden_states.dtype)], dim=1)
+    if return_predictions:
+        metrics["predictions"] = predictions
+    return {"loss": total, **metrics}
+
+
 def sorted_loss(logits_per_exit, labels: torch.Tensor) -> torch.Tensor:
     """Sorted fine-tuning loss (S2D Eq. 3): mean over exits of each exit's next-token cross-entropy.
 

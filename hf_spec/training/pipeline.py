@@ -1,0 +1,88 @@
+"""What the training scripts share: target loading, the feature cache, the drafter, the Trainer run.
+
+``training_scripts/train_eagle.py`` and ``train_hass.py`` are thin ``main()``s over
+:func:`train_drafter`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers.trainer_utils import get_last_checkpoint
+
+from ..drafters import EagleDrafter
+from .collators import FeatureCollator
+from .data import (
+    FEATURE_DTYPES,
+    _cache_root,
+    build_feature_cache,
+    feature_cache_dir,
+    load_conversations,
+    load_feature_cache,
+    load_target,
+)
+from .trainers import EagleTrainer, HassTrainer
+
+
+@dataclass
+class DataArguments:
+    """Target, data and feature-cache options shared by every drafter training script."""
+
+    target_model: str = field(default="smollm2-135m-instruct", metadata={"help": "packaged model name or local path"})
+    dataset: str = field(default="sharegpt", metadata={"help": "sharegpt | chitchat | path to a .jsonl of conversations"})
+    num_conversations: int | None = field(default=None, metadata={"help": "use the first N usable conversations (all if unset)"})
+    feature_dtype: str = field(default="bfloat16", metadata={"help": "dtype the target runs in when caching features; "
+                                                                     "match the dtype you will decode in"})
+    feature_storage: str = field(default="bfloat16", metadata={"help": "on-disk feature dtype: bfloat16 | float16 | float32"})
+    feature_cache: str | None = field(default=None, metadata={"help": "feature cache directory (default: derived from the "
+                                                                      "target/data/length under $HF_SPEC_CACHE/features)"})
+    num_layers: int = field(default=1, metadata={"help": "drafter decoder layers (EAGLE/HASS: 1)"})
+
+
+def train_drafter(method: str, data_args: DataArguments, training_args) -> EagleDrafter:
+    """Cache features if needed, then train (or resume) an EAGLE/HASS drafter and save it."""
+    if method not in ("eagle", "hass"):
+        raise ValueError(f"method must be 'eagle' or 'hass', got {method!r}")
+    start = time.time()
+    target, tokenizer = load_target(data_args.target_model, FEATURE_DTYPES[data_args.feature_dtype])
+    cache = data_args.feature_cache or feature_cache_dir(
+        str(_cache_root() / "features"), data_args.target_model, data_args.dataset, data_args.num_conversations,
+        training_args.max_length, data_args.feature_storage,
+    )  # fmt: skip
+    with training_args.main_process_first(desc="feature cache"):
+        if not os.path.exists(os.path.join(cache, "hf_spec_features.json")):
+            conversations = load_conversations(data_args.dataset, data_args.num_conversations)
+            build_feature_cache(target, tokenizer, conversations, cache, training_args.max_length,
+                                data_args.feature_storage)  # fmt: skip
+    dataset, storage = load_feature_cache(cache)
+    target = target.float()  # the drafter trains in fp32 (bf16 autocast via --bf16) against the fp32 LM head
+    drafter = EagleDrafter.from_target(target, name_or_path=data_args.target_model, num_layers=data_args.num_layers)
+    trainer_class = HassTrainer if method == "hass" else EagleTrainer
+    trainer = trainer_class(
+        model=drafter,
+        args=training_args,
+        train_dataset=dataset.with_format("numpy"),
+        data_collator=FeatureCollator(storage=storage, max_length=training_args.max_length,
+                                      pad_token_id=tokenizer.pad_token_id or 0),  # fmt: skip
+    )
+    resume = training_args.resume_from_checkpoint
+    if resume is None and os.path.isdir(training_args.output_dir):
+        resume = get_last_checkpoint(training_args.output_dir)  # resume a killed run by default
+    if resume:
+        print(f"[hf_spec] resuming from {resume}", flush=True)
+    result = trainer.train(resume_from_checkpoint=resume)
+    if trainer.is_world_process_zero():
+        drafter.save_pretrained(training_args.output_dir)
+        summary = {"method": method, "data": asdict(data_args), "feature_cache": cache, "examples": len(dataset),
+                   "global_step": trainer.state.global_step, "train_runtime_s": result.metrics.get("train_runtime"),
+                   "total_wall_s": time.time() - start, "final_train_loss": result.training_loss,
+                   "log_history": trainer.state.log_history}  # fmt: skip
+        with open(os.path.join(training_args.output_dir, "training_summary.json"), "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+        if training_args.push_to_hub:
+            trainer.push_to_hub()
+    return drafter

@@ -1,0 +1,375 @@
+"""Drafter training: losses against hand-computed values, the HASS step masks of Figure 3, the
+chat loss mask, the feature cache, and Trainer runs (loss goes down; kill + resume == straight run)."""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import DynamicCache, PreTrainedTokenizerFast, TrainerCallback
+
+import hf_spec
+from conftest import make_target
+from hf_spec.training.collators import FeatureCollator
+from hf_spec.training.data import build_feature_cache, load_feature_cache, tokenize_conversation
+from hf_spec.training.losses import (
+    eagle_loss,
+    hass_loss,
+    hass_step_mask,
+    shift_for_drafter,
+    topk_distillation_loss,
+)
+from hf_spec.training.trainers import EagleTrainer, EagleTrainingArguments, HassTrainer, HassTrainingArguments
+
+LN = torch.log
+
+
+# --------------------------------------------------------------------------------------------
+# losses against hand-computed values
+# --------------------------------------------------------------------------------------------
+def test_eagle_loss_hand_computed():
+    # two positions, H = 2, V = 4; the second position is masked out
+    pred_feat = torch.tensor([[[0.0, 2.0], [9.0, 9.0]]])
+    target_feat = torch.tensor([[[0.0, 0.0], [0.0, 0.0]]])
+    target_logits = LN(torch.tensor([[[0.1, 0.2, 0.3, 0.4], [1.0, 1.0, 1.0, 1.0]]]))
+    pred_logits = torch.zeros(1, 2, 4)
+    out = eagle_loss(pred_feat, target_feat, pred_logits, target_logits, torch.tensor([[1, 0]]))
+    # SmoothL1 per element: 0 and |2| - 0.5 = 1.5 -> mean 0.75; CE vs uniform p = ln 4
+    assert out["reg"].item() == pytest.approx(0.75)
+    assert out["cls"].item() == pytest.approx(1.3862944)
+    assert out["loss"].item() == pytest.approx(0.75 + 0.1 * 1.3862944)
+
+
+def test_topk_loss_hand_computed():
+    target_logits = LN(torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]]]))
+    pred_logits = torch.stack([torch.zeros(4), LN(torch.tensor([0.1, 0.1, 0.4, 0.4]))]).unsqueeze(0)
+    # K = 2. position 0: top tokens {3, 2} (q = .4, .3), p = .25 each -> -(.7) ln .25
+    # position 1: top tokens {0, 1} (q = .4, .3), p = .1 each -> -(.7) ln .1
+    first, second = -0.7 * torch.log(torch.tensor(0.25)), -0.7 * torch.log(torch.tensor(0.1))
+    loss = topk_distillation_loss(pred_logits, target_logits, k=2)
+    assert loss.item() == pytest.approx(((first + second) / 2).item(), rel=1e-6)
+    masked = topk_distillation_loss(pred_logits, target_logits, torch.tensor([[0, 1]]), k=2)
+    assert masked.item() == pytest.approx(second.item(), rel=1e-6)
+    # K = V: the full cross-entropy (EAGLE's cls term)
+    full = topk_distillation_loss(pred_logits, target_logits, k=4)
+    assert full.item() == pytest.approx(eagle_loss(pred_logits, pred_logits, pred_logits, target_logits)["cls"].item())
+
+
+# --------------------------------------------------------------------------------------------
+# HASS step masks (Figure 3 / A.1), 5 tokens, spelled out by hand: 1 = may attend
+# --------------------------------------------------------------------------------------------
+FIG3_STEP2 = [  # keys: target features k(l)_0..4 | step-1 drafts k(s1)_0..4
+    [0, 0, 0, 0, 0,  1, 0, 0, 0, 0],
+    [1, 0, 0, 0, 0,  0, 1, 0, 0, 0],
+    [1, 1, 0, 0, 0,  0, 0, 1, 0, 0],
+    [1, 1, 1, 0, 0,  0, 0, 0, 1, 0],
+    [1, 1, 1, 1, 0,  0, 0, 0, 0, 1],
+]  # fmt: skip
+FIG3_STEP3 = [  # keys: k(l)_0..4 | k(s1)_0..4 | k(s2)_0..4
+    [0, 0, 0, 0, 0,  0, 0, 0, 0, 0,  1, 0, 0, 0, 0],
+    [0, 0, 0, 0, 0,  1, 0, 0, 0, 0,  0, 1, 0, 0, 0],
+    [1, 0, 0, 0, 0,  0, 1, 0, 0, 0,  0, 0, 1, 0, 0],
+    [1, 1, 0, 0, 0,  0, 0, 1, 0, 0,  0, 0, 0, 1, 0],
+    [1, 1, 1, 0, 0,  0, 0, 0, 1, 0,  0, 0, 0, 0, 1],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("step,expected", [(2, FIG3_STEP2), (3, FIG3_STEP3)])
+def test_hass_step_mask_matches_figure_3(step, expected):
+    mask = hass_step_mask(5, step)
+    assert mask.shape == (1, 1, 5, 5 * step)
+    allowed = (mask[0, 0] == 0).int()
+    assert allowed.tolist() == expected
+    assert (mask[0, 0][allowed == 0] == torch.finfo(torch.float32).min).all()
+
+
+def test_hass_step_one_is_causal():
+    allowed = (hass_step_mask(5, 1)[0, 0] == 0).int()
+    assert allowed.tolist() == torch.tril(torch.ones(5, 5, dtype=torch.int)).tolist()
+
+
+def _decode_like(drafter, ids, feats, start, depth):
+    """Draft as generate() does: target features up to position ``start``, then ``depth``
+    positions fed with the drafter's own predicted features. Returns the last output."""
+    cache = DynamicCache()
+    out = drafter(input_ids=ids[:, : start + 1], hidden_states=feats[:, : start + 1], past_key_values=cache,
+                  use_cache=True).last_hidden_state[:, -1:]  # fmt: skip
+    for d in range(1, depth + 1):
+        p = start + d
+        out = drafter(input_ids=ids[:, p : p + 1], hidden_states=out, past_key_values=cache,
+                      use_cache=True).last_hidden_state  # fmt: skip
+    return out[:, -1]
+
+
+def test_hass_steps_reproduce_decoding_time_contexts():
+    """Step j's prediction at position t equals drafting j-1 tokens past a verified prefix ending
+    at t-j+1: the masks give training exactly the contexts the drafter sees at decode time."""
+    target = make_target("llama")
+    drafter = hf_spec.EagleDrafter.from_target(target).eval()
+    ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        feats = target.base_model(input_ids=ids).last_hidden_state
+        d_ids, f_in, f_tgt, _ = shift_for_drafter(ids, feats, torch.ones_like(ids))
+        out = hass_loss(drafter, d_ids, f_in, f_tgt, num_steps=3, return_predictions=True)
+        for j, predicted in enumerate(out["predictions"], start=1):
+            for t in range(j - 1, d_ids.shape[1]):
+                expected = _decode_like(drafter, d_ids, f_in, t - j + 1, j - 1)
+                torch.testing.assert_close(predicted[:, t], expected, atol=1e-5, rtol=1e-4)
+
+
+def test_hass_loss_is_weighted_sum_of_step_losses():
+    target = make_target("llama")
+    drafter = hf_spec.EagleDrafter.from_target(target)
+    ids = torch.randint(1, 128, (2, 8), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        feats = target.base_model(input_ids=ids).last_hidden_state
+    loss_mask = torch.ones_like(ids)
+    loss_mask[0, :4] = 0  # a prompt: those positions must not count
+    d_ids, f_in, f_tgt, mask = shift_for_drafter(ids, feats, loss_mask)
+    out = hass_loss(drafter, d_ids, f_in, f_tgt, mask, num_steps=3, beta=0.5, w_topk=0.7, topk=5,
+                    return_predictions=True)  # fmt: skip
+    target_logits = drafter.lm_logits(f_tgt)
+    expected = 0.0
+    for j, predicted in enumerate(out["predictions"], start=1):
+        logits = drafter.lm_logits(predicted)
+        step = eagle_loss(predicted, f_tgt, logits, target_logits, mask)["loss"]
+        step = step + 0.7 * topk_distillation_loss(logits, target_logits, mask, k=5)
+        expected = expected + 0.5 ** (j - 1) * step
+    torch.testing.assert_close(out["loss"], expected)
+    # one step with w_topk = 0 is exactly EAGLE's loss
+    one = hass_loss(drafter, d_ids, f_in, f_tgt, mask, num_steps=1, w_topk=0.0)
+    plain = drafter(input_ids=d_ids, hidden_states=f_in, output_logits=True)
+    ref = eagle_loss(plain.last_hidden_state, f_tgt, plain.logits, target_logits, mask)["loss"]
+    torch.testing.assert_close(one["loss"], ref)
+
+
+def test_shift_for_drafter_masks_the_predicted_token():
+    ids = torch.tensor([[5, 6, 7, 8, 9, 0]])
+    loss_mask = torch.tensor([[0, 0, 1, 1, 1, 0]])  # tokens 7, 8, 9 are the assistant's
+    attention = torch.tensor([[1, 1, 1, 1, 1, 0]])
+    feats = torch.arange(6.0).view(1, 6, 1)
+    d_ids, f_in, f_tgt, mask = shift_for_drafter(ids, feats, loss_mask, attention)
+    assert d_ids.tolist() == [[6, 7, 8, 9, 0]]
+    assert f_in.view(-1).tolist() == [0, 1, 2, 3, 4] and f_tgt.view(-1).tolist() == [1, 2, 3, 4, 5]
+    # position t predicts x_{t+2}: t = 0, 1, 2 predict 7, 8, 9
+    assert mask.tolist() == [[1, 1, 1, 0, 0]]
+
+
+# --------------------------------------------------------------------------------------------
+# data: chat template loss mask and the feature cache, with a tokenizer built offline
+# --------------------------------------------------------------------------------------------
+WORDS = ("hello hi there friend how are you fine thanks what is the weather sunny rain cold warm "
+         "tell me a story once upon time cat dog ran far away end yes no maybe").split()  # fmt: skip
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_chat_tokenizer() -> PreTrainedTokenizerFast:
+    specials = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([" ".join(WORDS + ["user", "assistant", "system"])],
+                            trainers.WordLevelTrainer(special_tokens=specials))  # fmt: skip
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>",
+                                   additional_special_tokens=specials[2:], chat_template=CHATML)  # fmt: skip
+
+
+def test_loss_mask_covers_exactly_the_assistant_tokens():
+    tok = tiny_chat_tokenizer()
+    messages = [
+        {"role": "system", "content": "yes"},
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": "hi friend"},
+        {"role": "user", "content": "how are you"},
+        {"role": "assistant", "content": "fine thanks what is the weather"},
+    ]
+    out = tokenize_conversation(tok, messages)
+    tokens = tok.convert_ids_to_tokens(out["input_ids"])
+    assert tokens == ["<|im_start|>", "system", "yes", "<|im_end|>", "<|im_start|>", "user", "hello", "there",
+                      "<|im_end|>", "<|im_start|>", "assistant", "hi", "friend", "<|im_end|>", "<|im_start|>",
+                      "user", "how", "are", "you", "<|im_end|>", "<|im_start|>", "assistant", "fine", "thanks",
+                      "what", "is", "the", "weather", "<|im_end|>"]  # fmt: skip
+    assistant = [t for t, m in zip(tokens, out["loss_mask"]) if m]
+    assert assistant == ["hi", "friend", "<|im_end|>", "fine", "thanks", "what", "is", "the", "weather", "<|im_end|>"]
+    # the role header of an assistant turn is prompt, not answer
+    assert out["loss_mask"][tokens.index("assistant")] == 0
+    cut = tokenize_conversation(tok, messages, max_length=12)
+    assert cut["input_ids"] == out["input_ids"][:12] and cut["loss_mask"] == out["loss_mask"][:12]
+
+
+def _conversations(n=48, seed=0):
+    rng = random.Random(seed)
+
+    def sentence():
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 10)))
+
+    return [
+        {"id": str(i), "messages": [{"role": r, "content": sentence()} for r in ("user", "assistant") * 2]}
+        for i in range(n)
+    ]
+
+
+@functools.lru_cache(maxsize=None)
+def _feature_cache(root):
+    target = make_target("llama")
+    path = build_feature_cache(target, tiny_chat_tokenizer(), _conversations(), f"{root}/features",
+                               max_length=64, storage="bfloat16", shard_examples=20)  # fmt: skip
+    return target, path
+
+
+@pytest.fixture(scope="module")
+def feature_cache(tmp_path_factory):
+    return _feature_cache(str(tmp_path_factory.mktemp("cache")))
+
+
+def test_feature_cache_round_trip(feature_cache):
+    target, path = feature_cache
+    dataset, storage = load_feature_cache(path)
+    assert storage == "bfloat16" and len(dataset) == 48
+    assert len(list((p for p in __import__("pathlib").Path(path).iterdir() if p.name.startswith("shard-")))) == 3
+    example = dataset.with_format("numpy")[5]
+    batch = FeatureCollator(storage=storage)([example])
+    ids = torch.as_tensor(example["input_ids"]).long().view(1, -1)
+    with torch.no_grad():
+        expected = target.base_model(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(batch["hidden_states"], expected.to(torch.bfloat16).float())
+    assert batch["loss_mask"].sum() > 0 and batch["attention_mask"].all()
+
+
+# --------------------------------------------------------------------------------------------
+# Trainer runs
+# --------------------------------------------------------------------------------------------
+def _trainer(cls, args_cls, target, path, out_dir, seed=0, **overrides):
+    dataset, storage = load_feature_cache(path)
+    torch.manual_seed(seed)
+    drafter = hf_spec.EagleDrafter.from_target(target)
+    kwargs = dict(output_dir=str(out_dir), per_device_train_batch_size=8, learning_rate=3e-3, warmup_steps=2,
+                  max_steps=20, logging_steps=1, save_strategy="no", use_cpu=True, seed=0,
+                  disable_tqdm=True, dataloader_num_workers=0)  # fmt: skip
+    kwargs.update(overrides)
+    args = args_cls(**kwargs)
+    return cls(model=drafter, args=args, train_dataset=dataset.with_format("numpy"),
+               data_collator=FeatureCollator(storage=storage, max_length=args.max_length))  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["eagle", "hass"])
+def test_a_few_trainer_steps_lower_the_loss(kind, feature_cache, tmp_path):
+    target, path = feature_cache
+    classes = {"eagle": (EagleTrainer, EagleTrainingArguments), "hass": (HassTrainer, HassTrainingArguments)}
+    trainer = _trainer(*classes[kind], target, path, tmp_path, max_steps=25, feature_noise=0.0)
+    batch = next(iter(trainer.get_train_dataloader()))
+    with torch.no_grad():
+        before = trainer.compute_loss(trainer.model.eval(), batch).item()
+    trainer.train()
+    with torch.no_grad():
+        after = trainer.compute_loss(trainer.model.eval(), batch).item()
+    assert after < 0.8 * before, (before, after)
+
+
+class _StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+
+
+def test_killed_and_resumed_run_equals_straight_run(feature_cache, tmp_path):
+    target, path = feature_cache
+    n = 4
+    common = dict(max_steps=2 * n, save_strategy="steps", save_steps=n, feature_noise=0.1, hass_steps=2)
+    straight = _trainer(HassTrainer, HassTrainingArguments, target, path, tmp_path / "straight", **common)
+    straight.train()
+
+    first = _trainer(HassTrainer, HassTrainingArguments, target, path, tmp_path / "killed", **common)
+    first.add_callback(_StopAt(n))  # "killed" right after the step-n checkpoint
+    first.train()
+    assert first.state.global_step == n and (tmp_path / "killed" / f"checkpoint-{n}").is_dir()
+    # a new process: fresh, differently initialised drafter, resumed from the last checkpoint
+    resumed = _trainer(HassTrainer, HassTrainingArguments, target, path, tmp_path / "killed", seed=123, **common)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 2 * n
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    # checkpoints hold the drafter only, as safetensors
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "killed" / f"checkpoint-{2 * n}" / "model.safetensors"))
+    assert saved.keys() == straight.model.state_dict().keys()
+    assert not any("embed" in k or "lm_head" in k for k in saved)
+
+
+_DDP_SCRIPT = """
+import sys, torch
+sys.path[:0] = [{root!r}, {tests!r}]
+import hf_spec
+from conftest import make_target
+from test_training import _conversations, tiny_chat_tokenizer
+from hf_spec.training.collators import FeatureCollator
+from hf_spec.training.data import build_feature_cache, load_feature_cache
+from hf_spec.training.trainers import HassTrainer, HassTrainingArguments
+
+args = HassTrainingArguments(output_dir={out!r}, per_device_train_batch_size=4, max_steps=4, save_steps=2,
+                             learning_rate=1e-3, warmup_steps=1, use_cpu=True, disable_tqdm=True, hass_steps=2)
+target = make_target("llama")
+with args.main_process_first():
+    build_feature_cache(target, tiny_chat_tokenizer(), _conversations(16), {out!r} + "/features", max_length=48)
+dataset, storage = load_feature_cache({out!r} + "/features")
+torch.manual_seed(0)
+trainer = HassTrainer(model=hf_spec.EagleDrafter.from_target(target), args=args,
+                      train_dataset=dataset.with_format("numpy"), data_collator=FeatureCollator(storage=storage))
+trainer.train(resume_from_checkpoint={resume})
+assert trainer.accelerator.num_processes == 2, trainer.accelerator.num_processes
+if trainer.is_world_process_zero():
+    trainer.model.save_pretrained({out!r} + "/final")
+"""
+
+
+@pytest.mark.slow
+def test_hass_trainer_under_accelerate_launch_two_processes(tmp_path):
+    """Two CPU processes (gloo DDP): trains, checkpoints, and resumes from the checkpoint."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    for resume in (False, True):
+        script = tmp_path / f"ddp_{resume}.py"
+        script.write_text(_DDP_SCRIPT.format(root=str(tests.parent), tests=str(tests), out=str(tmp_path / "run"),
+                                             resume=resume))  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script)]  # fmt: skip
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+    assert (tmp_path / "run" / "checkpoint-4").is_dir()
+
+
+def test_self_distillation_is_resumable(tmp_path):
+    import json
+
+    from hf_spec.training.data import self_distill
+
+    target, tok = make_target("llama", vocab_size=64), tiny_chat_tokenizer()
+    conversations = _conversations(6, seed=1)
+    out = tmp_path / "sd.jsonl"
+    self_distill(target, tok, conversations, str(out), max_new_tokens=5, batch_size=2, stop_after=2)
+    first = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(first) == 2
+    self_distill(target, tok, conversations, str(out), max_new_tokens=5, batch_size=2)  # resumes: skips done ids
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records[:2] == first and sorted(r["id"] for r in records) == sorted(c["id"] for c in conversations)
+    by_id = {c["id"]: c for c in conversations}
+    for r in records:  # user turns kept, assistant turns regenerated by the target
+        users = [m["content"] for m in r["messages"] if m["role"] == "user"]
+        assert users == [m["content"] for m in by_id[r["id"]]["messages"] if m["role"] == "user"][:2]
+        assert [m["role"] for m in r["messages"]] == ["user", "assistant"] * 2
