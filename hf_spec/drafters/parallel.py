@@ -26,11 +26,10 @@ import time
 import torch
 from torch import nn
 
-from .. import compat
 from ..cache import crop_to
 from ..tree.static import StaticTreeShape, build_static_tree, static_tree_size
 from ..tree.tree import DraftTree, causal_mask
-from .eagle import EagleDrafter, EagleDrafterConfig, EagleDrafterOutput
+from .eagle import EagleDrafter, EagleDrafterConfig, EagleDrafterOutput, EagleDraftingSession
 
 DEFAULT_TREE_WIDTHS = (4, 2, 2, 1, 1)
 """Children per expanded node at depths 1..5 (paper A.3: wide near the root, narrowing)."""
@@ -149,7 +148,7 @@ class ParallelDrafter(EagleDrafter):
         return ParallelDraftingSession(self, shape, do_sample, temperature)
 
 
-class ParallelDraftingSession:
+class ParallelDraftingSession(EagleDraftingSession):
     """Drafting state of one generate() call: the drafter's KV cache of committed pairs.
 
     Each :meth:`propose` runs ONE drafter forward over the newly committed pairs (the last is
@@ -158,13 +157,7 @@ class ParallelDraftingSession:
     """
 
     def __init__(self, drafter: ParallelDrafter, shape: StaticTreeShape, do_sample: bool, temperature: float):
-        self.drafter = drafter
-        self.shape = shape
-        self.do_sample = do_sample
-        self.temperature = temperature if do_sample else 1.0
-        self.cache = compat.full_dynamic_cache()
-        self.committed = 0
-        self.forward_seconds = 0.0
+        super().__init__(drafter, shape, do_sample, temperature)
         self.last_logq = None
         """(k+1, V) draft log-probabilities of the last cycle (root pair, then each mask)."""
 
