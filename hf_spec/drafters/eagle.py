@@ -186,7 +186,8 @@ class EagleDraftingSession:
         self.committed = 0
         self.forward_seconds = 0.0
 
-    def _run(self, tokens, features, positions, mask):
+    def _run(self, tokens, features, positions, mask, last_only: bool = False):
+        """One drafter forward; log-probabilities for every row, or for the last one only."""
         start = time.perf_counter()
         out = self.drafter(
             input_ids=tokens.view(1, -1),
@@ -197,7 +198,8 @@ class EagleDraftingSession:
             use_cache=True,
         )
         hidden = out.last_hidden_state[0]
-        logq = torch.log_softmax(self.drafter.lm_logits(hidden).float() / self.temperature, dim=-1)
+        head_input = hidden[-1:] if last_only else hidden  # the LM head is most of a drafter step
+        logq = torch.log_softmax(self.drafter.lm_logits(head_input).float() / self.temperature, dim=-1)
         # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
         # propose nothing, and verification falls back to the target alone.
         logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"))
@@ -210,7 +212,7 @@ class EagleDraftingSession:
         m = features.shape[0]
         positions = torch.arange(self.committed, self.committed + m, device=device)
         mask = causal_mask(self.committed, m, features.dtype, device)
-        hidden, logq = self._run(next_tokens, features, positions, mask)
+        hidden, logq = self._run(next_tokens, features, positions, mask, last_only=True)
         self.committed += m
         committed = self.committed
 
