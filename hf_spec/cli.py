@@ -45,6 +45,9 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--tree-depth", type=int, default=None, help="hf_spec drafters: tree depth (default: the drafter's)")
+    p.add_argument("--tree-top-k", type=int, default=None, help="hf_spec drafters: children per expanded node")
+    p.add_argument("--tree-total-tokens", type=int, default=None, help="hf_spec drafters: draft tokens verified")
     p.add_argument("--output-dir", default=None, help="default: results/<target>-<UTC time>")
 
 
@@ -61,7 +64,8 @@ def _run_bench(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.target, dtype)
     if tokenizer is None:
         raise SystemExit(f"{args.target} has no tokenizer; the bench command needs one to render prompts")
-    methods = [parse_method(m, dtype, tokenizer) for m in method_names]
+    tree = {"tree_depth": args.tree_depth, "tree_top_k": args.tree_top_k, "tree_total_tokens": args.tree_total_tokens}
+    methods = [parse_method(m, dtype, tokenizer, tree) for m in method_names]
     prompts = build_prompts(tokenizer, args.datasets, args.limit)
     settings = BenchSettings(max_new_tokens=args.max_new_tokens)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

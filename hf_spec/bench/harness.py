@@ -124,7 +124,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.bfloat16):
     return model, tokenizer
 
 
-def _hf_spec_method(path: str, dtype: torch.dtype, name: str) -> Method:
+def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None = None) -> Method:
     import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
     from transformers import AutoModel
 
@@ -138,11 +138,16 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str) -> Method:
             "acceptance_by_position": [float(x) for x in s.acceptance_by_position()],
         }
 
-    return Method(name, {"assistant_model": drafter}, stats, {"drafter": path})
+    tree = {k: v for k, v in (tree or {}).items() if v is not None}
+    return Method(name, {"assistant_model": drafter, **tree}, stats, {"drafter": path, **tree})
 
 
-def parse_method(spec: str, dtype: torch.dtype = torch.bfloat16, tokenizer=None) -> Method:
-    """Build a :class:`Method` from its command-line spelling (see the module docstring)."""
+def parse_method(spec: str, dtype: torch.dtype = torch.bfloat16, tokenizer=None, tree: dict | None = None) -> Method:
+    """Build a :class:`Method` from its command-line spelling (see the module docstring).
+
+    ``tree``: ``tree_depth`` / ``tree_top_k`` / ``tree_total_tokens`` for hf_spec drafters
+    (None values keep the drafter's own defaults).
+    """
     kind, _, arg = spec.partition(":")
     if kind == "plain" and not arg:
         return Method("plain")
@@ -163,7 +168,7 @@ def parse_method(spec: str, dtype: torch.dtype = torch.bfloat16, tokenizer=None)
         }
         return Method(spec, {"assistant_model": assistant}, info=info)
     if kind == "hf_spec" and arg:
-        return _hf_spec_method(arg, dtype, spec)
+        return _hf_spec_method(arg, dtype, spec, tree)
     raise ValueError(
         f"Unknown method {spec!r}; use plain, prompt_lookup[:N], assisted:<model>, or hf_spec:<drafter path>"
     )

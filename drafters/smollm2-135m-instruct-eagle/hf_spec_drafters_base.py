@@ -1,0 +1,240 @@
+# Generated from hf_spec/drafters/base.py of hf-spec 0.1.0 by hf_spec.hub.remote_code; do not edit (see modeling_hf_spec.py).
+"""What every hf-spec drafter shares: the target it was made for, binding to that target,
+validation with clear errors, and the tree-shape defaults used by ``generate()``."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
+
+from .hf_spec_tree_dynamic import TreeShape
+
+
+CHECKPOINT_FORMAT_VERSION = "0.1"
+"""Version of the drafter checkpoint format written into every config (``hf_spec_version``)."""
+
+
+def _check_format_version(saved: str | None, config_name: str) -> None:
+    """Refuse configs written by a newer checkpoint format than this package understands."""
+    if saved is None:
+        return
+    try:
+        saved_key = tuple(int(part) for part in str(saved).split(".")[:2])
+    except ValueError:
+        raise ValueError(f"{config_name}: unreadable hf_spec_version {saved!r} in the drafter config.") from None
+    ours = tuple(int(part) for part in CHECKPOINT_FORMAT_VERSION.split("."))
+    if saved_key > ours:
+        raise ValueError(
+            f"This drafter was saved with hf-spec checkpoint format {saved}, newer than the {CHECKPOINT_FORMAT_VERSION} "
+            "this installation reads. Fix: upgrade hf-spec (`pip install -U hf-spec`)."
+        )
+
+
+class SpecDrafterConfig(PretrainedConfig):
+    """Base config: names the target a drafter was made for and the default tree shape.
+
+    Args:
+        target_model_name_or_path: name or path of the target model (informative).
+        target_model_type: the target's ``model_type`` (``llama``, ``qwen2``, ``mistral``…).
+        target_architectures: the target's ``architectures``.
+        target_hidden_size / target_vocab_size: must equal the target's; checked at bind time.
+        tree_depth / tree_top_k / tree_total_tokens: default draft-tree shape for generate().
+        training_method: how the checkpoint was trained (``eagle``, ``hass``, ``coral``, ``s2d``,
+            ``parallelspec``); picks the model card and citation. None: the family's default
+            (:attr:`default_training_method`).
+    """
+
+    model_type = "hf_spec_drafter"
+    default_training_method: str | None = None
+    """Training method assumed when ``training_method`` is None (set by each family)."""
+
+    def __init__(
+        self,
+        target_model_name_or_path: str | None = None,
+        target_model_type: str | None = None,
+        target_architectures: list[str] | None = None,
+        target_hidden_size: int | None = None,
+        target_vocab_size: int | None = None,
+        tree_depth: int = 6,
+        tree_top_k: int = 8,
+        tree_total_tokens: int = 60,
+        initializer_range: float = 0.02,
+        training_method: str | None = None,
+        hf_spec_version: str | None = None,
+        **kwargs,
+    ):
+        _check_format_version(hf_spec_version, type(self).__name__)
+        self.hf_spec_version = hf_spec_version or CHECKPOINT_FORMAT_VERSION
+        self.target_model_name_or_path = target_model_name_or_path
+        self.target_model_type = target_model_type
+        self.target_architectures = target_architectures
+        self.target_hidden_size = target_hidden_size
+        self.target_vocab_size = target_vocab_size
+        self.tree_depth = tree_depth
+        self.tree_top_k = tree_top_k
+        self.tree_total_tokens = tree_total_tokens
+        self.initializer_range = initializer_range
+        self.training_method = training_method
+        super().__init__(**kwargs)
+
+    @property
+    def resolved_training_method(self) -> str | None:
+        """``training_method``, or the family default when it is None."""
+        return self.training_method or self.default_training_method
+
+    @staticmethod
+    def target_fields(target_config: PretrainedConfig, name_or_path: str | None = None) -> dict:
+        """The ``target_*`` fields describing ``target_config``."""
+        text_config = target_config.get_text_config()
+        return dict(
+            target_model_name_or_path=name_or_path or getattr(target_config, "_name_or_path", None) or None,
+            target_model_type=text_config.model_type,
+            target_architectures=list(getattr(target_config, "architectures", None) or []),
+            target_hidden_size=text_config.hidden_size,
+            target_vocab_size=text_config.vocab_size,
+        )
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        """Raise ``ValueError`` naming the mismatch and the fix if ``target`` is not this drafter's target."""
+        text_config = target.config.get_text_config()
+        made_for = self.target_model_name_or_path or "its original target"
+        problems = []
+        if self.target_hidden_size is not None and text_config.hidden_size != self.target_hidden_size:
+            problems.append(f"hidden size {text_config.hidden_size} != drafter's {self.target_hidden_size}")
+        if self.target_vocab_size is not None and text_config.vocab_size != self.target_vocab_size:
+            problems.append(f"vocab size {text_config.vocab_size} != drafter's {self.target_vocab_size}")
+        if self.target_model_type is not None and text_config.model_type != self.target_model_type:
+            problems.append(f"architecture {text_config.model_type!r} != drafter's {self.target_model_type!r}")
+        if problems:
+            raise ValueError(
+                f"This {type(self).__name__} drafter was made for {made_for} and cannot serve the given target "
+                f"({getattr(target.config, '_name_or_path', '') or type(target).__name__}): "
+                + "; ".join(problems)
+                + f". Fix: load the target the drafter was trained for ({made_for}), or train a drafter for this "
+                "target (training_scripts/, or `from_target(target)` for a fresh one)."
+            )
+        target_name = getattr(target.config, "_name_or_path", None)
+        if self.target_model_name_or_path and target_name and target_name != self.target_model_name_or_path:
+            warnings.warn(
+                f"Drafter was trained for {self.target_model_name_or_path!r} but is bound to {target_name!r}; "
+                "shapes match, so it will run, but acceptance may be low.",
+                stacklevel=3,
+            )
+
+    def tree_shape(self) -> TreeShape:
+        return TreeShape(depth=self.tree_depth, top_k=self.tree_top_k, total_tokens=self.tree_total_tokens)
+
+
+class SpecDrafterModel(PreTrainedModel):
+    """Base class of hf-spec drafters.
+
+    The target's input embedding and LM head are *borrowed* at :meth:`bind` time: they are
+    not submodules, never trained and never saved. ``generate()`` binds an unbound drafter to
+    the model it is called on. After a generation, :attr:`last_generation_stats` holds
+    cycles, accepted drafts per cycle and τ.
+    """
+
+    config_class = SpecDrafterConfig
+    base_model_prefix = "drafter"
+    supports_gradient_checkpointing = False
+    _supports_sdpa = True
+    _no_split_modules = []
+
+    def __init__(self, config: SpecDrafterConfig):
+        super().__init__(config)
+        self._borrowed = None  # (embedding, lm_head) of the bound target
+        self.last_generation_stats = None
+        self.generation_config = GenerationConfig(
+            tree_depth=config.tree_depth, tree_top_k=config.tree_top_k, tree_total_tokens=config.tree_total_tokens
+        )
+
+    # -- binding ---------------------------------------------------------------------------
+    @classmethod
+    def from_target(cls, target: PreTrainedModel, name_or_path: str | None = None, **config_kwargs):
+        """A fresh (untrained) drafter shaped for ``target`` and bound to it."""
+        config = cls.config_class.for_target(target.config, name_or_path=name_or_path, **config_kwargs)
+        drafter = cls(config).to(device=target.device, dtype=target.dtype)
+        return drafter.bind(target)
+
+    def bind(self, target: PreTrainedModel):
+        """Validate ``target``, borrow its embedding and LM head, and move to its device and dtype."""
+        self.config.check_target(target)
+        embedding = target.get_input_embeddings()
+        lm_head = target.get_output_embeddings()
+        if embedding is None or lm_head is None:
+            raise ValueError(f"{type(target).__name__} has no input embedding or LM head; it cannot be a target.")
+        if self.device != target.device or self.dtype != target.dtype:
+            self.to(device=target.device, dtype=target.dtype)
+        self._borrowed = (embedding, lm_head)
+        self._bound_target_config = target.config
+        return self
+
+    @property
+    def is_bound(self) -> bool:
+        return self._borrowed is not None
+
+    def is_bound_to(self, target: PreTrainedModel) -> bool:
+        return self._borrowed is not None and self._borrowed[0] is target.get_input_embeddings()
+
+    def _require_bound(self):
+        if self._borrowed is None:
+            raise RuntimeError(
+                f"{type(self).__name__} is not bound to a target. Call `drafter.bind(target)` (generate() does it "
+                "for you when you pass the drafter as `assistant_model`)."
+            )
+        return self._borrowed
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The target's (frozen) token embedding."""
+        embedding, _ = self._require_bound()
+        with torch.no_grad():
+            return embedding(input_ids)
+
+    def lm_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The target's (frozen) LM head; gradients flow to ``hidden_states`` only."""
+        _, lm_head = self._require_bound()
+        bias = lm_head.bias.detach() if getattr(lm_head, "bias", None) is not None else None
+        return F.linear(hidden_states, lm_head.weight.detach(), bias)
+
+    # -- training/saving helpers -------------------------------------------------------------
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, torch.nn.Linear):
+            module.weight.data.normal_(mean=0.0, std=std)
+            if module.bias is not None:
+                module.bias.data.zero_()
+        elif hasattr(module, "weight") and isinstance(getattr(module, "weight", None), torch.nn.Parameter):
+            if module.weight.dim() == 1:  # norms
+                module.weight.data.fill_(1.0)
+        elif hasattr(module, "inv_freq"):  # rotary embeddings
+            # inv_freq is a non-persistent buffer: from_pretrained builds the model on the meta device and
+            # relies on _init_weights to recompute it; without this it stays uninitialized memory.
+            super()._init_weights(module)
+
+    def tree_shape(self, depth=None, top_k=None, total_tokens=None) -> TreeShape:
+        """Tree shape for one generation: explicit values, else the drafter's generation_config."""
+        gc = self.generation_config
+        return TreeShape(
+            depth=depth if depth is not None else getattr(gc, "tree_depth", self.config.tree_depth),
+            top_k=top_k if top_k is not None else getattr(gc, "tree_top_k", self.config.tree_top_k),
+            total_tokens=total_tokens
+            if total_tokens is not None
+            else getattr(gc, "tree_total_tokens", self.config.tree_total_tokens),
+        )
+
+    def new_drafting_session(
+        self, target: PreTrainedModel, shape: TreeShape, do_sample: bool, temperature: float, prompt_ids: torch.Tensor
+    ):
+        """Per-generation drafting state; each drafter family implements it.
+
+        The session's ``propose(features, next_tokens) -> DraftTree`` is called once per cycle
+        with the target features of the newly committed positions and, for each, the token
+        that follows it (the last one is the new root). ``prompt_ids`` (1, L) is the prompt, for
+        token-level drafters that also need its first token. ``forward_seconds`` accumulates
+        the time spent in drafter forwards.
+        """
+        raise NotImplementedError
+

@@ -1,0 +1,241 @@
+# Generated from hf_spec/drafters/eagle.py of hf-spec 0.1.0 by hf_spec.hub.remote_code; do not edit (see modeling_hf_spec.py).
+"""EAGLE-style feature drafter (also the architecture of HASS and CORAL checkpoints).
+
+One step maps (target feature f_t, embedding of token x_{t+1}) through
+``fc([emb; feat])`` and ``num_layers`` decoder layers of the target's own family to a
+predicted feature g_t ≈ f_{t+1}; the target's LM head turns it into the draft distribution
+of x_{t+2}. As in EAGLE, the first layer has no input norm (the fc output feeds attention
+directly) and no final norm is applied: the target features are already post-norm.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoConfig, PretrainedConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+from transformers.models.mistral.modeling_mistral import MistralDecoderLayer, MistralRotaryEmbedding
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+from transformers.utils import ModelOutput
+
+from . import hf_spec_compat as compat
+from .hf_spec_cache import crop_to
+from .hf_spec_tree_dynamic import Frontier, TreeShape, grow_dynamic_tree
+from .hf_spec_tree_tree import DraftTree, additive_mask, causal_mask
+from .hf_spec_drafters_base import SpecDrafterConfig, SpecDrafterModel
+
+DECODER_LAYERS = {
+    "llama": (LlamaDecoderLayer, LlamaRotaryEmbedding),
+    "qwen2": (Qwen2DecoderLayer, Qwen2RotaryEmbedding),
+    "mistral": (MistralDecoderLayer, MistralRotaryEmbedding),
+}
+"""model_type -> (decoder layer class, rotary embedding class) taken from transformers."""
+
+_NOT_LAYER_FIELDS = {
+    "architectures", "auto_map", "quantization_config", "_name_or_path", "transformers_version", "dtype",
+    "torch_dtype", "model_type", "num_hidden_layers", "layer_types", "id2label", "label2id", "tie_word_embeddings",
+    "max_window_layers", "use_sliding_window", "_attn_implementation_autoset", "output_attentions",
+}  # fmt: skip
+
+
+class EagleDrafterConfig(SpecDrafterConfig):
+    """Config of :class:`EagleDrafter`.
+
+    Args:
+        num_layers: decoder layers in the drafter (EAGLE/HASS/CORAL: 1).
+        layer_config: the target's decoder settings (heads, intermediate size, RoPE, norm eps…)
+            as a dict; the layers are built with the target family's own transformers classes.
+    """
+
+    model_type = "hf_spec_eagle"
+    default_training_method = "eagle"
+
+    def __init__(self, num_layers: int = 1, layer_config: dict | None = None, **kwargs):
+        self.num_layers = num_layers
+        self.layer_config = layer_config or {}
+        super().__init__(**kwargs)
+
+    @classmethod
+    def for_target(cls, target_config: PretrainedConfig, name_or_path: str | None = None, **kwargs):
+        """A config shaped for ``target_config`` (the target's ``config``)."""
+        text_config = target_config.get_text_config()
+        if text_config.model_type not in DECODER_LAYERS:
+            raise ValueError(
+                f"EagleDrafter supports targets of types {sorted(DECODER_LAYERS)}, got {text_config.model_type!r}. "
+                "Fix: add the family's decoder layer and rotary classes to hf_spec.drafters.eagle.DECODER_LAYERS."
+            )
+        layer_config = {k: v for k, v in text_config.to_dict().items() if k not in _NOT_LAYER_FIELDS}
+        layer_config["model_type"] = text_config.model_type
+        return cls(layer_config=layer_config, **cls.target_fields(target_config, name_or_path), **kwargs)
+
+    def decoder_layer_config(self) -> PretrainedConfig:
+        """The transformers config the drafter's decoder layers are built from."""
+        fields = dict(self.layer_config)
+        model_type = fields.pop("model_type", self.target_model_type)
+        if model_type not in DECODER_LAYERS:
+            raise ValueError(f"Unsupported drafter layer family {model_type!r}; supported: {sorted(DECODER_LAYERS)}.")
+        config = AutoConfig.for_model(model_type, **fields)
+        config.num_hidden_layers = self.num_layers
+        if hasattr(config, "layer_types"):
+            config.layer_types = ["full_attention"] * self.num_layers
+        if getattr(config, "sliding_window", None) is not None and model_type == "mistral":
+            config.sliding_window = None  # the drafter attends through explicit masks only
+        config._attn_implementation = "sdpa"
+        return config
+
+
+@dataclass
+class EagleDrafterOutput(ModelOutput):
+    """``last_hidden_state``: predicted features (b, s, H); ``logits``: draft logits if asked."""
+
+    last_hidden_state: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    past_key_values: object | None = None
+
+
+class EagleDrafter(SpecDrafterModel):
+    """EAGLE/HASS/CORAL feature drafter: ``fc([emb; feat])`` -> decoder layers -> target LM head."""
+
+    config_class = EagleDrafterConfig
+
+    def __init__(self, config: EagleDrafterConfig):
+        super().__init__(config)
+        layer_config = config.decoder_layer_config()
+        layer_class, rotary_class = DECODER_LAYERS[layer_config.model_type]
+        hidden = config.target_hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.layers = nn.ModuleList([layer_class(layer_config, i) for i in range(config.num_layers)])
+        self.layers[0].input_layernorm = nn.Identity()
+        self.rotary_emb = rotary_class(config=layer_config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        hidden_states: torch.Tensor,
+        position_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        use_cache: bool = False,
+        output_logits: bool = False,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> EagleDrafterOutput:
+        """One drafter pass.
+
+        Args:
+            input_ids: (b, s) tokens x_{t+1}.
+            hidden_states: (b, s, H) target (or drafter-predicted) features f_t.
+            position_ids: (b, s); defaults to past length + arange(s).
+            attention_mask: additive float (b|1, 1, s, past + s) mask, or a (b, s) 0/1
+                padding mask combined with causal masking; causal when omitted.
+            past_key_values: a transformers ``Cache`` for incremental drafting.
+            inputs_embeds: (b, s, H) token embeddings used instead of ``embed(input_ids)``
+                (subclasses that feed learned embeddings, e.g. ParallelSpec's [MASK]s).
+        """
+        embeds = (self.embed(input_ids) if inputs_embeds is None else inputs_embeds).to(self.fc.weight.dtype)
+        x = self.fc(torch.cat([embeds, hidden_states.to(self.fc.weight.dtype)], dim=-1))
+        batch, length = input_ids.shape
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + length, device=x.device).view(1, -1).expand(batch, -1)
+        if attention_mask is None or attention_mask.dim() == 2:
+            mask = causal_mask(past, length, x.dtype, x.device)
+            if attention_mask is not None:
+                keys_valid = attention_mask.bool().view(batch, 1, 1, -1)
+                if keys_valid.shape[-1] != past + length:
+                    raise ValueError("A 2D attention_mask must cover the cached and the new positions.")
+                mask = mask.masked_fill(~keys_valid, torch.finfo(x.dtype).min)
+            attention_mask = mask
+        position_embeddings = self.rotary_emb(x, position_ids)
+        for layer in self.layers:
+            x = layer(
+                x,
+                attention_mask=attention_mask.to(x.dtype),
+                position_ids=position_ids,
+                past_key_values=past_key_values,
+                use_cache=use_cache,
+                position_embeddings=position_embeddings,
+            )
+        return EagleDrafterOutput(
+            last_hidden_state=x,
+            logits=self.lm_logits(x) if output_logits else None,
+            past_key_values=past_key_values,
+        )
+
+    def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
+        return EagleDraftingSession(self, shape, do_sample, temperature)
+
+
+class EagleDraftingSession:
+    """Drafting state of one generate() call: the drafter's KV cache of committed positions.
+
+    Drafter position t holds the pair (target feature f_t, token x_{t+1}). Each cycle,
+    :meth:`propose` appends the pairs the last verification committed (the accepted path and
+    the new root token), grows a dynamic tree whose nodes attend to the committed cache and
+    their own ancestors, then crops the tree's entries away again.
+    """
+
+    def __init__(self, drafter: EagleDrafter, shape: TreeShape, do_sample: bool, temperature: float):
+        self.drafter = drafter
+        self.shape = shape
+        self.do_sample = do_sample
+        self.temperature = temperature if do_sample else 1.0
+        self.cache = compat.full_dynamic_cache()
+        self.committed = 0
+        self.forward_seconds = 0.0
+
+    def _run(self, tokens, features, positions, mask, last_only: bool = False):
+        """One drafter forward; log-probabilities for every row, or for the last one only."""
+        start = time.perf_counter()
+        out = self.drafter(
+            input_ids=tokens.view(1, -1),
+            hidden_states=features.unsqueeze(0),
+            position_ids=positions.view(1, -1),
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state[0]
+        head_input = hidden[-1:] if last_only else hidden  # the LM head is most of a drafter step
+        logq = torch.log_softmax(self.drafter.lm_logits(head_input).float() / self.temperature, dim=-1)
+        # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
+        # propose nothing, and verification falls back to the target alone.
+        logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"))
+        self.forward_seconds += time.perf_counter() - start
+        return hidden, logq
+
+    def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
+        """Commit pairs (features[i], next_tokens[i]) and draft a tree rooted at ``next_tokens[-1]``."""
+        device = features.device
+        m = features.shape[0]
+        positions = torch.arange(self.committed, self.committed + m, device=device)
+        mask = causal_mask(self.committed, m, features.dtype, device)
+        hidden, logq = self._run(next_tokens, features, positions, mask, last_only=True)
+        self.committed += m
+        committed = self.committed
+
+        shape = self.shape
+        node_hidden = torch.empty(1 + shape.top_k + (shape.depth - 1) * shape.top_k**2, hidden.shape[-1],
+                                  dtype=hidden.dtype, device=device)  # fmt: skip
+        node_hidden[0] = hidden[-1]
+
+        def expand(frontier: Frontier) -> torch.Tensor:
+            allowed = torch.cat(
+                [torch.ones(frontier.nodes.numel(), committed, dtype=torch.bool, device=device), frontier.attend], dim=1
+            )
+            out_hidden, out_logq = self._run(
+                frontier.tokens,
+                node_hidden[frontier.parents],
+                committed - 1 + frontier.depths,
+                additive_mask(allowed, hidden.dtype),
+            )
+            node_hidden[frontier.nodes] = out_hidden
+            return out_logq
+
+        try:
+            return grow_dynamic_tree(int(next_tokens[-1]), logq[-1], expand, shape, self.do_sample)
+        finally:
+            crop_to(self.cache, committed)

@@ -1,0 +1,202 @@
+# Generated from hf_spec/tree/dynamic.py of hf-spec 0.1.0 by hf_spec.hub.remote_code; do not edit (see modeling_hf_spec.py).
+"""EAGLE-2 dynamic draft trees.
+
+Growth: the root's top_k children form depth 1. At every later step the top_k
+highest-scoring nodes of the newest depth (score = cumulative draft log-probability) are
+expanded by one drafter forward, each proposing top_k children. After ``depth`` levels
+all nodes are re-ranked by score and the best ``total_tokens`` are kept; a child never
+scores above its parent, so the kept set always contains every kept node's ancestors.
+
+Greedy drafting takes each node's top_k tokens. Sampling draws them *without
+replacement* from the draft distribution (Gumbel-top-k) and pins every expanded node in
+the final tree, which is what keeps recursive rejection sampling lossless (see
+:func:`hf_spec.verify.verify_tree`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .hf_spec_tree_tree import DraftTree
+
+
+@dataclass
+class TreeShape:
+    """How big a draft tree grows: ``depth`` levels, ``top_k`` children per expanded node,
+    ``total_tokens`` draft nodes kept for verification (the root excluded)."""
+
+    depth: int = 6
+    top_k: int = 8
+    total_tokens: int = 60
+
+    def validate(self, sampling: bool) -> None:
+        for name in ("depth", "top_k", "total_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"tree_{name} must be a positive integer, got {value!r}.")
+        if sampling and self.total_tokens < self.top_k * (self.depth - 1):
+            raise ValueError(
+                f"In sampling mode every expanded node stays in the tree (that keeps rejection sampling "
+                f"lossless), so tree_total_tokens must be >= tree_top_k * (tree_depth - 1) = "
+                f"{self.top_k * (self.depth - 1)}; got tree_total_tokens={self.total_tokens}. Raise "
+                f"tree_total_tokens or lower tree_depth / tree_top_k."
+            )
+
+
+@dataclass
+class Frontier:
+    """The nodes one drafter forward expands.
+
+    ``nodes``: (k,) indices in the growing tree; ``parents``: (k,) their parents;
+    ``tokens``: (k,); ``depths``: (k,); ``attend``: (k, slots + k) bool, which earlier
+    expanded nodes (in the order they entered the drafter's cache) and which frontier
+    nodes each frontier node may attend to.
+    """
+
+    nodes: torch.Tensor
+    parents: torch.Tensor
+    tokens: torch.Tensor
+    depths: torch.Tensor
+    attend: torch.Tensor
+
+
+ExpandFn = Callable[[Frontier], torch.Tensor]
+"""Runs the drafter on a frontier and returns its (k, V) next-token log-probabilities."""
+
+
+def draw_candidates(logq: torch.Tensor, k: int, sample: bool, generator: torch.Generator | None = None):
+    """k candidates per row of log-probabilities ``logq`` (rows, V).
+
+    Greedy: the top-k tokens. Sampling: k draws without replacement, in draw order, by the
+    Gumbel-top-k trick. Returns (tokens, their log-probabilities), each (rows, k); a draw from
+    a zero-probability token has log-probability -inf and must be treated as absent.
+    """
+    if not sample:
+        values, tokens = logq.topk(k, dim=-1)
+        return tokens, values
+    exponential = torch.empty(logq.shape, device=logq.device, dtype=torch.float32).exponential_(generator=generator)
+    gumbel = -torch.log(exponential.clamp_(min=1e-30))  # Gumbel(0, 1) noise
+    _, tokens = (logq.float() + gumbel).topk(k, dim=-1)
+    return tokens, logq.gather(-1, tokens)
+
+
+def grow_dynamic_tree(
+    root_token: int,
+    root_logq: torch.Tensor,
+    expand: ExpandFn,
+    shape: TreeShape,
+    sample: bool,
+    generator: torch.Generator | None = None,
+) -> DraftTree:
+    """Grow an EAGLE-2 tree from the root's draft log-probabilities ``root_logq`` (V,)."""
+    device = root_logq.device
+    k = shape.top_k
+    max_nodes = 1 + k + (shape.depth - 1) * k * k
+    tokens = torch.empty(max_nodes, dtype=torch.long, device=device)
+    parents = torch.empty(max_nodes, dtype=torch.long, device=device)
+    depths = torch.empty(max_nodes, dtype=torch.long, device=device)
+    scores = torch.empty(max_nodes, dtype=torch.float32, device=device)
+    tokens[0], parents[0], depths[0], scores[0] = root_token, -1, 0, 0.0
+
+    expanded_nodes = [torch.zeros(1, dtype=torch.long, device=device)]
+    candidate_lists = []
+    draft_logq = [root_logq.view(1, -1)] if sample else None
+
+    def add_children(parent_nodes: torch.Tensor, logq: torch.Tensor, start: int) -> torch.Tensor:
+        child_tokens, child_logq = draw_candidates(logq, k, sample, generator)
+        count = child_tokens.numel()
+        ids = torch.arange(start, start + count, device=device)
+        tokens[ids] = child_tokens.reshape(-1)
+        parents[ids] = parent_nodes.repeat_interleave(k)
+        depths[ids] = depths[parent_nodes].repeat_interleave(k) + 1
+        scores[ids] = (scores[parent_nodes].view(-1, 1) + child_logq.float()).reshape(-1)
+        candidate_lists.append(ids.view(-1, k))
+        return ids
+
+    newest = add_children(expanded_nodes[0], root_logq.view(1, -1), 1)
+    count = 1 + k
+    # attend[i, j]: expanded slot j is an ancestor-or-self of expanded slot i.
+    slot_of_node = torch.full((max_nodes,), -1, dtype=torch.long, device=device)
+    slot_ancestry = torch.zeros(0, 0, dtype=torch.bool, device=device)
+    for _ in range(shape.depth - 1):
+        valid = torch.isfinite(scores[newest])
+        order = scores[newest].masked_fill(~valid, float("-inf")).topk(min(k, newest.numel())).indices
+        frontier_nodes = newest[order]
+        frontier_nodes = frontier_nodes[torch.isfinite(scores[frontier_nodes])]
+        if frontier_nodes.numel() == 0:
+            break
+        num_slots = slot_ancestry.shape[0]
+        f = frontier_nodes.numel()
+        parent_slots = slot_of_node[parents[frontier_nodes]]
+        inherited = torch.zeros(f, num_slots, dtype=torch.bool, device=device)
+        has_parent_slot = parent_slots >= 0
+        if num_slots and has_parent_slot.any():
+            inherited[has_parent_slot] = slot_ancestry[parent_slots[has_parent_slot]]
+        attend = torch.cat([inherited, torch.eye(f, dtype=torch.bool, device=device)], dim=1)
+        logq = expand(
+            Frontier(
+                nodes=frontier_nodes,
+                parents=parents[frontier_nodes],
+                tokens=tokens[frontier_nodes],
+                depths=depths[frontier_nodes],
+                attend=attend,
+            )
+        )
+        slot_ancestry = torch.cat(
+            [torch.cat([slot_ancestry, torch.zeros(num_slots, f, dtype=torch.bool, device=device)], dim=1), attend]
+        )
+        slot_of_node[frontier_nodes] = torch.arange(num_slots, num_slots + f, device=device)
+        expanded_nodes.append(frontier_nodes)
+        if sample:
+            draft_logq.append(logq)
+        newest = add_children(frontier_nodes, logq, count)
+        count += newest.numel()
+
+    return _select(
+        tokens[:count],
+        parents[:count],
+        depths[:count],
+        scores[:count],
+        torch.cat(expanded_nodes),
+        torch.cat(candidate_lists),
+        torch.cat(draft_logq).exp() if sample else None,
+        shape.total_tokens,
+        pin_expanded=sample,
+    )
+
+
+def _select(tokens, parents, depths, scores, expanded, candidates, draft_probs, total_tokens, pin_expanded):
+    """Keep the root and the ``total_tokens`` best nodes, renumbered in BFS order."""
+    n = tokens.shape[0]
+    device = tokens.device
+    priority = scores.clone()
+    priority[0] = float("inf")
+    if pin_expanded:
+        priority[expanded] = float("inf")
+    # Stable sort: among equal scores the lower index (a parent before its child) wins.
+    order = torch.sort(-priority, stable=True).indices
+    keep = order[: 1 + total_tokens]
+    keep = keep[torch.isfinite(scores[keep]) | (priority[keep] == float("inf"))]
+    keep = keep.sort().values  # BFS order survives: parents keep smaller indices
+    new_index = torch.full((n,), -1, dtype=torch.long, device=device)
+    new_index[keep] = torch.arange(keep.numel(), device=device)
+    kept_parents = parents[keep]
+    kept_parents = torch.where(kept_parents >= 0, new_index[kept_parents.clamp(min=0)], kept_parents)
+
+    kept_expanded = new_index[expanded] >= 0
+    candidate_tokens = torch.where(
+        torch.isfinite(scores[candidates]), tokens[candidates], torch.full_like(candidates, -1)
+    )
+    return DraftTree(
+        tokens=tokens[keep],
+        parents=kept_parents,
+        depths=depths[keep],
+        scores=scores[keep],
+        expanded=new_index[expanded[kept_expanded]],
+        candidate_tokens=candidate_tokens[kept_expanded],
+        candidate_nodes=new_index[candidates[kept_expanded]],
+        draft_probs=draft_probs[kept_expanded] if draft_probs is not None else None,
+    )
