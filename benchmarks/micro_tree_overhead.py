@@ -7,7 +7,12 @@ wall time spent outside the target's and the drafter's forwards (tree building,
 verification walk, cache compaction, bookkeeping). Random weights: the numbers describe the
 engine's overhead, not a real drafter's acceptance.
 
-    python benchmarks/micro_tree_overhead.py --out benchmarks/micro_tree_overhead.json
+    python benchmarks/micro_tree_overhead.py --shapes tiny --threads 1 --out benchmarks/micro_tree_overhead_tiny.json
+    python benchmarks/micro_tree_overhead.py --packaged smollm2-135m-instruct \
+        --drafter drafters/smollm2-135m-instruct-hass --dtypes bfloat16 --out benchmarks/micro_tree_overhead_smollm2.json
+
+With ``--packaged``/``--drafter`` it measures the real packaged target with a trained drafter
+(chat prompts from the bench data sets) instead of random models.
 """
 
 from __future__ import annotations
@@ -52,13 +57,15 @@ def build(shape: str):
     return target, drafter
 
 
-def measure(target, drafter, shape: str, prompts: int, new_tokens: int, tree: dict) -> dict:
+def measure(target, drafter, shape: str, prompts: int, new_tokens: int, tree: dict, prompt_ids=None) -> dict:
     dtype = target.dtype
-    vocab = SHAPES[shape]["vocab_size"]
     g = torch.Generator().manual_seed(1)
     rows = []
     for i in range(prompts + 1):  # the first run warms up and is dropped
-        prompt = torch.randint(1, vocab, (1, 16), generator=g)
+        if prompt_ids is not None:
+            prompt = prompt_ids[i % len(prompt_ids)]
+        else:
+            prompt = torch.randint(1, SHAPES[shape]["vocab_size"], (1, 16), generator=g)
         target.generate(prompt, assistant_model=drafter, max_new_tokens=new_tokens, do_sample=False, **tree)
         s = drafter.last_generation_stats
         if i:
@@ -86,12 +93,32 @@ def main(argv=None):
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--packaged", default=None, help="a packaged target (hf_spec.resources) instead of random models")
+    parser.add_argument("--drafter", default=None, help="trained drafter directory for --packaged")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results = []
+    if args.packaged:
+        from hf_spec.bench.harness import build_prompts
+
+        target, tokenizer = hf_spec.load_packaged_model(args.packaged, dtype=torch.float32)
+        drafter = hf_spec.EagleDrafter.from_pretrained(args.drafter).bind(target)
+        prompt_ids = [torch.tensor([p["input_ids"]]) for ps in build_prompts(tokenizer, ["mt_bench", "humaneval", "gsm8k"], 2).values() for p in ps]
+        for dtype in (getattr(torch, name) for name in args.dtypes):
+            target, drafter = target.to(dtype), drafter.to(dtype)
+            for tree in (dict(tree_depth=6, tree_top_k=8, tree_total_tokens=60),
+                         dict(tree_depth=3, tree_top_k=2, tree_total_tokens=6)):  # fmt: skip
+                row = measure(target, drafter, args.packaged, args.prompts, args.new_tokens, tree, prompt_ids)
+                results.append(row)
+                print(json.dumps(row), flush=True)
+        args.shapes = []
     for shape in args.shapes:
         target, drafter = build(shape)
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in (getattr(torch, name) for name in args.dtypes):
             target, drafter = target.to(dtype), drafter.to(dtype)
             for tree in (dict(tree_depth=6, tree_top_k=8, tree_total_tokens=60),
                          dict(tree_depth=5, tree_top_k=1, tree_total_tokens=5)):  # fmt: skip
