@@ -327,14 +327,19 @@ trainer = HassTrainer(model=hf_spec.EagleDrafter.from_target(target), args=args,
                       train_dataset=dataset.with_format("numpy"), data_collator=FeatureCollator(storage=storage))
 trainer.train(resume_from_checkpoint={resume})
 assert trainer.accelerator.num_processes == 2, trainer.accelerator.num_processes
+import hashlib
+digest = hashlib.sha256()
+for name, tensor in sorted(trainer.accelerator.unwrap_model(trainer.model).state_dict().items()):
+    digest.update(name.encode()); digest.update(tensor.detach().float().cpu().numpy().tobytes())
+with open({out!r} + f"/rank{{trainer.args.process_index}}_{resume}.sha256", "w") as f:
+    f.write(digest.hexdigest())
 if trainer.is_world_process_zero():
     trainer.model.save_pretrained({out!r} + "/final")
 """
 
 
-@pytest.mark.slow
 def test_hass_trainer_under_accelerate_launch_two_processes(tmp_path):
-    """Two CPU processes (gloo DDP): trains, checkpoints, and resumes from the checkpoint."""
+    """Two CPU processes (gloo DDP): trains, checkpoints, resumes, and both ranks end with equal weights."""
     import os
     import subprocess
     import sys
@@ -352,6 +357,9 @@ def test_hass_trainer_under_accelerate_launch_two_processes(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
     assert (tmp_path / "run" / "checkpoint-4").is_dir()
+    for resume in (False, True):
+        ranks = [(tmp_path / "run" / f"rank{r}_{resume}.sha256").read_text() for r in (0, 1)]
+        assert ranks[0] == ranks[1], f"ranks disagree after {'resumed ' if resume else ''}training"
 
 
 def test_self_distillation_is_resumable(tmp_path):
