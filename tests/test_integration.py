@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import hf_spec
+from conftest import plain_generate
 from hf_spec.demo import DEFAULT_TARGET, shipped_drafter_path
 from hf_spec.resources import MissingPackageError, install_command, package_dir
 
@@ -32,19 +33,11 @@ def smollm2():
     return model, encoded
 
 
-def _plain(model, ids, **kwargs):
-    hf_spec.uninstall()
-    try:
-        return model.generate(ids, **kwargs)
-    finally:
-        hf_spec.install()
-
-
 def test_untrained_drafter_is_still_lossless_on_smollm2(smollm2):
     model, encoded = smollm2
     drafter = hf_spec.EagleDrafter.from_target(model, name_or_path=DEFAULT_TARGET)
     ids = encoded[0]
-    expected = _plain(model, ids, max_new_tokens=24, do_sample=False)
+    expected = plain_generate(model, ids, max_new_tokens=24, do_sample=False)
     out = model.generate(ids, assistant_model=drafter, max_new_tokens=24, do_sample=False)
     assert torch.equal(out, expected)
 
@@ -57,7 +50,7 @@ def test_shipped_drafter_is_lossless_and_accepted_on_smollm2(smollm2):
     drafter = hf_spec.EagleDrafter.from_pretrained(path)
     taus = []
     for ids in encoded:
-        expected = _plain(model, ids, max_new_tokens=48, do_sample=False)
+        expected = plain_generate(model, ids, max_new_tokens=48, do_sample=False)
         out = model.generate(ids, assistant_model=drafter, max_new_tokens=48, do_sample=False)
         assert torch.equal(out, expected)
         taus.append(drafter.last_generation_stats.tau)
