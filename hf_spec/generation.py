@@ -72,7 +72,6 @@ class _Target:
     """The target split into its base model (features = post-norm last hidden state) and LM head."""
 
     def __init__(self, model):
-        self.model = model
         self.base = model.base_model
         self.lm_head = model.get_output_embeddings()
         self.sliding_window = target_sliding_window(model.config)
@@ -116,7 +115,7 @@ def target_sliding_window(config) -> int | None:
     return int(window)
 
 
-def check_supported(model, drafter, input_ids, generation_config, model_kwargs) -> None:
+def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
     """Raise ValueError for anything the tree path cannot do losslessly, before generating."""
     if input_ids.shape[0] != 1:
         raise ValueError(
@@ -173,7 +172,7 @@ def speculative_decode(
     Called by transformers' ``generate`` (``custom_generate``) with the prepared processors,
     stopping criteria and generation config. Returns what ``generate`` would.
     """
-    check_supported(model, drafter, input_ids, generation_config, model_kwargs)
+    check_supported(model, input_ids, generation_config, model_kwargs)
     if not drafter.is_bound_to(model):
         drafter.bind(model)
     do_sample = bool(generation_config.do_sample)
@@ -292,7 +291,7 @@ def _precheck(model, args, kwargs) -> None:
     generation_config.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
     if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
         inputs = torch.ones(1, 1, dtype=torch.long)
-    check_supported(model, None, inputs, generation_config, {})
+    check_supported(model, inputs, generation_config, {})
 
 
 def install() -> None:

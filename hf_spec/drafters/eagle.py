@@ -217,8 +217,7 @@ class EagleDraftingSession:
         committed = self.committed
 
         shape = self.shape
-        node_hidden = torch.empty(1 + shape.top_k + (shape.depth - 1) * shape.top_k**2, hidden.shape[-1],
-                                  dtype=hidden.dtype, device=device)  # fmt: skip
+        node_hidden = torch.empty(shape.max_nodes, hidden.shape[-1], dtype=hidden.dtype, device=device)
         node_hidden[0] = hidden[-1]
 
         def expand(frontier: Frontier) -> torch.Tensor:

@@ -31,6 +31,11 @@ class TreeShape:
     top_k: int = 8
     total_tokens: int = 60
 
+    @property
+    def max_nodes(self) -> int:
+        """Nodes the growth can create before re-ranking, the root included."""
+        return 1 + self.top_k + (self.depth - 1) * self.top_k * self.top_k
+
     def validate(self, sampling: bool) -> None:
         for name in ("depth", "top_k", "total_tokens"):
             value = getattr(self, name)
@@ -93,7 +98,7 @@ def grow_dynamic_tree(
     """Grow an EAGLE-2 tree from the root's draft log-probabilities ``root_logq`` (V,)."""
     device = root_logq.device
     k = shape.top_k
-    max_nodes = 1 + k + (shape.depth - 1) * k * k
+    max_nodes = shape.max_nodes
     tokens = torch.empty(max_nodes, dtype=torch.long, device=device)
     parents = torch.empty(max_nodes, dtype=torch.long, device=device)
     depths = torch.empty(max_nodes, dtype=torch.long, device=device)
