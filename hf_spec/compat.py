@@ -46,3 +46,8 @@ def crop_cache_layers(cache: DynamicCache, layer_indices, length: int) -> None:
             continue
         if layer.keys.shape[-2] > length:
             set_layer_kv(layer, layer.keys[..., :length, :], layer.values[..., :length, :])
+
+
+def pad_token_tensor(generation_config):
+    """The pad token ``generate()`` prepared (it falls back to the first EOS id), or None."""
+    return getattr(generation_config, "_pad_token_tensor", None)
