@@ -37,7 +37,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import compat
@@ -157,12 +156,6 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
     prompt) after its checks, with the drafter bound and the tree shape validated.
     """
     check_batch_supported(input_ids, generation_config, attention_mask)
-    if any(isinstance(p, PrefixConstrainedLogitsProcessor) for p in logits_processor):
-        raise ValueError(
-            "prefix_allowed_tokens_fn is not supported with hf-spec batched tree decoding (it is called with the "
-            "row's index in the batch, which the per-row verification does not pass). Fix: call generate() once "
-            "per prompt."
-        )
     device = model.device
     input_ids = input_ids.to(device)
     batch, prompt_length = input_ids.shape
@@ -184,8 +177,11 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
     padded = bool((pads > 0).any())
     features = target.forward_batch(input_ids, cache, valid.long() if padded else None, slot_pos if padded else None)
 
-    def process(context: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        return logits_processor(context, raw.view(1, -1))[0] if len(logits_processor) else raw
+    row_processors = [compat.row_logits_processor(logits_processor, r) for r in range(batch)]
+
+    def process(row: int, context: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+        """The row's logits processors on one position, with the row's own context (batch of one)."""
+        return row_processors[row](context, raw.view(1, -1))[0] if len(logits_processor) else raw
 
     rows: list[_Row] = []
     for r in range(batch):
@@ -193,7 +189,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
         row_prompt = input_ids[r : r + 1, start:]
         session = drafter.new_drafting_session(model, shape, do_sample, temperature, prompt_ids=row_prompt)
         sequence = input_ids[r : r + 1]
-        scores = process(sequence, target.logits(features[r, -1]))
+        scores = process(r, sequence, target.logits(features[r, -1]))
         first = torch.multinomial(torch.softmax(scores, dim=-1), 1) if do_sample else scores.argmax().view(1)
         rows.append(_Row(index=r, session=session, sequence=sequence, pending_features=features[r, start:],
                          pending_tokens=torch.cat([row_prompt[0, 1:], first]), emitted=[int(first)],
@@ -246,10 +242,10 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
         for r, (row, tree) in enumerate(zip(active, trees)):
             context = row.sequence
 
-            def process_node(node: int, raw: torch.Tensor, tree=tree, context=context) -> torch.Tensor:
+            def process_node(node: int, raw: torch.Tensor, tree=tree, context=context, index=row.index) -> torch.Tensor:
                 if not len(logits_processor):
                     return raw
-                return process(torch.cat([context, tree.path_tokens(node).view(1, -1)], dim=1), raw)
+                return process(index, torch.cat([context, tree.path_tokens(node).view(1, -1)], dim=1), raw)
 
             walk = verify_tree(tree, lambda node, r=r: target.logits(features[r, node]), process_node, do_sample)
             row.stats.accepted_lengths.append(walk.num_accepted_drafts)
