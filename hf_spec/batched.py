@@ -42,7 +42,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from . import compat
 from .cache import gather_positions, select_rows
 from .generation import GenerationStats, _Target
-from .verify import verify_tree
+from .verify import walk_tree
 
 HOLE_SLACK = 32
 """Invalid cache slots tolerated beyond ``longest_row // 4`` before the cache is re-packed."""
@@ -184,12 +184,13 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
         return row_processors[row](context, raw.view(1, -1))[0] if len(logits_processor) else raw
 
     rows: list[_Row] = []
+    last_logits = target.logits(features[:, -1])
     for r in range(batch):
         start = int(pads[r])
         row_prompt = input_ids[r : r + 1, start:]
         session = drafter.new_drafting_session(model, shape, do_sample, temperature, prompt_ids=row_prompt)
         sequence = input_ids[r : r + 1]
-        scores = process(r, sequence, target.logits(features[r, -1]))
+        scores = process(r, sequence, last_logits[r])
         first = torch.multinomial(torch.softmax(scores, dim=-1), 1) if do_sample else scores.argmax().view(1)
         rows.append(_Row(index=r, session=session, sequence=sequence, pending_features=features[r, start:],
                          pending_tokens=torch.cat([row_prompt[0, 1:], first]), emitted=[int(first)],
@@ -238,16 +239,17 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
         features = target.forward_batch(tokens, cache, mask, positions)
         stats.verify_forwards += 1
 
-        accepted = []
-        for r, (row, tree) in enumerate(zip(active, trees)):
-            context = row.sequence
+        walks = []
+        for row, tree in zip(active, trees):
 
-            def process_node(node: int, raw: torch.Tensor, tree=tree, context=context, index=row.index) -> torch.Tensor:
+            def process_node(node: int, raw: torch.Tensor, tree=tree, context=row.sequence, index=row.index):
                 if not len(logits_processor):
                     return raw
                 return process(index, torch.cat([context, tree.path_tokens(node).view(1, -1)], dim=1), raw)
 
-            walk = verify_tree(tree, lambda node, r=r: target.logits(features[r, node]), process_node, do_sample)
+            walks.append(walk_tree(tree, process_node, do_sample))
+        accepted = []
+        for r, (row, walk) in enumerate(zip(active, _walk_in_lockstep(walks, features, target))):
             row.stats.accepted_lengths.append(walk.num_accepted_drafts)
             nodes = torch.tensor(walk.nodes, device=device)
             accepted.append(nodes)
@@ -280,6 +282,28 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
         # The cache has per-row holes and drops finished rows, so it is not returned.
         return GenerateDecoderOnlyOutput(sequences=sequences, past_key_values=None)
     return sequences
+
+
+def _walk_in_lockstep(walks, features: torch.Tensor, target: _Target):
+    """Drive every row's verification walk; each step's visited nodes share one LM-head call.
+
+    The LM head (vocab x hidden) is the largest matrix of a small target: one matmul over
+    the rows that are still walking reads it once per step instead of once per row.
+    """
+    results = [None] * len(walks)
+    requests = {r: next(walk) for r, walk in enumerate(walks)}
+    while requests:
+        rows = list(requests)
+        index = torch.tensor(rows, device=features.device)
+        nodes = torch.tensor([requests[r] for r in rows], device=features.device)
+        logits = target.logits(features[index, nodes])
+        requests = {}
+        for j, r in enumerate(rows):
+            try:
+                requests[r] = walks[r].send(logits[j])
+            except StopIteration as stop:
+                results[r] = stop.value
+    return results
 
 
 def _maybe_repack(cache, valid: torch.Tensor, slot_pos: torch.Tensor):
