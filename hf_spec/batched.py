@@ -87,7 +87,8 @@ def left_padding(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -
 
 def check_batch_supported(input_ids: torch.Tensor, generation_config, attention_mask=None) -> None:
     """ValueError for what the batched path cannot do, before generating."""
-    if generation_config.return_dict_in_generate and (generation_config.output_scores or generation_config.output_logits):
+    gc = generation_config
+    if gc.return_dict_in_generate and (gc.output_scores or gc.output_logits):
         raise ValueError(
             "output_scores/output_logits are not supported with hf-spec batched tree decoding (batch size "
             f"{input_ids.shape[0]}): rows advance at different speeds, so per-step batch scores do not exist. "

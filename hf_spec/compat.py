@@ -65,7 +65,10 @@ def row_logits_processor(processors, row: int):
     function with the batch id). Those are copied with the row's entry; the rest are shared.
     """
     from transformers import LogitsProcessorList
-    from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
+    from transformers.generation.logits_process import (
+        PrefixConstrainedLogitsProcessor,
+        RepetitionPenaltyLogitsProcessor,
+    )
 
     out = LogitsProcessorList()
     for processor in processors:

@@ -160,7 +160,8 @@ def test_unpadded_batch_and_return_dict():
     target, drafter = oracle_pair("llama")
     prompts = prompts_of([(9, 1), (9, 2), (9, 3)])
     ids = torch.stack(prompts)
-    out = target.generate(ids, assistant_model=drafter, max_new_tokens=20, do_sample=False, return_dict_in_generate=True)
+    out = target.generate(ids, assistant_model=drafter, max_new_tokens=20, do_sample=False,
+                          return_dict_in_generate=True)  # fmt: skip
     assert torch.equal(out.sequences, per_row_expected(target, prompts, max_new_tokens=20, do_sample=False))
     assert out.past_key_values is None
 
@@ -170,8 +171,12 @@ def test_long_generation_repacks_the_cache_and_stays_exact(monkeypatch):
     monkeypatch.setattr(hf_spec.batched, "HOLE_SLACK", 2)
     calls = []
     original = hf_spec.batched.gather_positions
-    monkeypatch.setattr(hf_spec.batched, "gather_positions",
-                        lambda cache, prefix, index: (calls.append(prefix), original(cache, prefix, index)))  # fmt: skip
+
+    def recording(cache, prefix, index):
+        calls.append(prefix)
+        original(cache, prefix, index)
+
+    monkeypatch.setattr(hf_spec.batched, "gather_positions", recording)
     target, drafter = oracle_pair("qwen2")
     check_batch(target, drafter, prompts_of(), max_new_tokens=60, also_batched_plain=False)
     assert 0 in calls  # a re-pack happened

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import hf_spec
-from hf_spec.bench.harness import build_prompts, run_metadata, BenchSettings
+from hf_spec.bench.harness import BenchSettings, build_prompts, run_metadata
 
 
 def left_pad(rows: list[list[int]], pad: int):
@@ -116,7 +116,7 @@ def main(argv=None):
         results.append(entry)
         print(json.dumps(entry), flush=True)
 
-    settings = BenchSettings(max_new_tokens=args.max_new_tokens)
+    settings = BenchSettings(max_new_tokens=args.max_new_tokens, warmup_tokens=8)
     meta = run_metadata(settings, torch.bfloat16, command=shlex.join(["python", *sys.argv]),
                         target=args.target, drafter=args.drafter, prompts=len(rows),
                         tree=dict(hf_spec_tree=str(drafter.tree_shape())))  # fmt: skip
