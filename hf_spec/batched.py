@@ -197,7 +197,6 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
                          pending_tokens=torch.cat([row_prompt[0, 1:], first]), emitted=[int(first)],
                          stats=GenerationStats()))  # fmt: skip
     stats.rows = [row.stats for row in rows]
-    finished: list[_Row] = []
     active = list(rows)
 
     while True:
@@ -222,7 +221,6 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
             return horizon is not None and row.generated(prompt_length) >= horizon
 
         keep = [i for i, row in enumerate(active) if not done(row)]
-        finished += [row for row in active if done(row)]
         if not keep:
             break
         if len(keep) < len(active):
