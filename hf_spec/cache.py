@@ -31,3 +31,26 @@ def crop_to(cache: DynamicCache, length: int) -> None:
     excess = cache.get_seq_length() - length
     if excess > 0:
         cache.crop(-excess)  # transformers 5.x: a negative count of positions to remove
+
+
+def gather_positions(cache: DynamicCache, prefix_length: int, index: torch.Tensor) -> None:
+    """Per-row compaction: row b's slots ``index[b]`` move to ``prefix_length`` onwards, the rest after them go.
+
+    ``index``: (batch, m) absolute cache slots (each row its own); afterwards every layer
+    holds ``prefix_length + m`` positions. The batched counterpart of :func:`keep_accepted`
+    (rows accept different tree nodes) and, with ``prefix_length=0``, of re-packing a cache.
+    """
+    new_length = prefix_length + index.shape[1]
+    for layer, keys, values in compat.cache_layers_kv(cache):
+        rows = index.to(keys.device).view(index.shape[0], 1, index.shape[1], 1)
+        rows = rows.expand(-1, keys.shape[1], -1, keys.shape[-1])
+        keys[..., prefix_length:new_length, :] = keys.gather(-2, rows)
+        values[..., prefix_length:new_length, :] = values.gather(-2, rows)
+        compat.set_layer_kv(layer, keys[..., :new_length, :], values[..., :new_length, :])
+
+
+def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+    """Keep only the batch rows ``rows`` (in that order) of every layer."""
+    for layer, keys, values in compat.cache_layers_kv(cache):
+        index = rows.to(keys.device)
+        compat.set_layer_kv(layer, keys.index_select(0, index), values.index_select(0, index))

@@ -1,12 +1,15 @@
 """Every touch of transformers internals lives here (tested against transformers>=5.23,<5.24).
 
 - ``DynamicCache.layers[i].keys/.values`` are read and reassigned to compact the cache.
+- Two logits processors' per-row state is re-indexed for one batch row (:func:`row_logits_processor`).
 - ``GenerationMixin.generate`` is wrapped (see :mod:`hf_spec.generation`), and its
   ``custom_generate=callable`` hook is used to run our decoding loop inside transformers'
   own argument preparation.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from transformers import DynamicCache
@@ -46,3 +49,37 @@ def crop_cache_layers(cache: DynamicCache, layer_indices, length: int) -> None:
             continue
         if layer.keys.shape[-2] > length:
             set_layer_kv(layer, layer.keys[..., :length, :], layer.values[..., :length, :])
+
+
+def pad_token_tensor(generation_config):
+    """The pad token ``generate()`` prepared (it falls back to the first EOS id), or None."""
+    return getattr(generation_config, "_pad_token_tensor", None)
+
+
+def row_logits_processor(processors, row: int):
+    """A copy of a batch's ``LogitsProcessorList`` for batch row ``row`` called with that row alone.
+
+    Processors are row-wise, but two of transformers' own carry per-row state indexed by the
+    row's place in the batch: ``RepetitionPenaltyLogitsProcessor.prompt_ignore_length`` (a
+    tensor of left-padding lengths) and ``PrefixConstrainedLogitsProcessor`` (calls its
+    function with the batch id). Those are copied with the row's entry; the rest are shared.
+    """
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import (
+        PrefixConstrainedLogitsProcessor,
+        RepetitionPenaltyLogitsProcessor,
+    )
+
+    out = LogitsProcessorList()
+    for processor in processors:
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(
+            processor.prompt_ignore_length, torch.Tensor
+        ):
+            processor = copy.copy(processor)
+            processor.prompt_ignore_length = int(processor.prompt_ignore_length[row])
+        elif isinstance(processor, PrefixConstrainedLogitsProcessor):
+            processor = copy.copy(processor)
+            allowed = processor._prefix_allowed_tokens_fn
+            processor._prefix_allowed_tokens_fn = lambda batch_id, sent, allowed=allowed: allowed(row, sent)
+        out.append(processor)
+    return out

@@ -117,11 +117,6 @@ def target_sliding_window(config) -> int | None:
 
 def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
     """Raise ValueError for anything the tree path cannot do losslessly, before generating."""
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"hf-spec tree decoding supports batch size 1, got {input_ids.shape[0]} sequences. "
-            "Fix: call generate() once per prompt (batched tree decoding is not implemented yet)."
-        )
     if input_ids.shape[1] == 0:
         raise ValueError("The prompt is empty. Fix: pass at least one token (e.g. the BOS token).")
     unsupported = []
@@ -139,9 +134,10 @@ def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
             f"processors) only; unsupported: {', '.join(unsupported)}. Fix: drop these options, or call generate() "
             "without `assistant_model` to use transformers' own decoding."
         )
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool(mask.bool().all()):
-        raise ValueError("Padded prompts are not supported with batch size 1. Fix: pass the prompt without padding.")
+    if _is_batched(input_ids, model_kwargs):
+        from .batched import check_batch_supported
+
+        check_batch_supported(input_ids, generation_config, model_kwargs.get("attention_mask"))
     past = model_kwargs.get("past_key_values")
     if past is not None and past.get_seq_length() > 0:
         raise ValueError("Continuing from a pre-filled past_key_values is not supported. Fix: pass the full prompt.")
@@ -151,6 +147,12 @@ def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
             f"The prompt has {input_ids.shape[1]} tokens but the target's context window is {max_positions}. "
             "Fix: truncate the prompt."
         )
+
+
+def _is_batched(input_ids, model_kwargs) -> bool:
+    """Batch size > 1 or a padded prompt: the batched loop (:mod:`hf_spec.batched`) runs it."""
+    mask = model_kwargs.get("attention_mask")
+    return input_ids.shape[0] > 1 or (mask is not None and not bool(mask.bool().all()))
 
 
 def speculative_decode(
@@ -167,10 +169,11 @@ def speculative_decode(
     tree_total_tokens: int | None = None,
     **model_kwargs,
 ):
-    """Tree speculative decoding of ``model`` with ``drafter`` (batch size 1).
+    """Tree speculative decoding of ``model`` with ``drafter``.
 
     Called by transformers' ``generate`` (``custom_generate``) with the prepared processors,
-    stopping criteria and generation config. Returns what ``generate`` would.
+    stopping criteria and generation config. Returns what ``generate`` would. Batches (and
+    left-padded prompts) go to :func:`hf_spec.batched.batched_speculative_decode`.
     """
     check_supported(model, input_ids, generation_config, model_kwargs)
     if not drafter.is_bound_to(model):
@@ -179,6 +182,13 @@ def speculative_decode(
     shape = drafter.tree_shape(tree_depth, tree_top_k, tree_total_tokens)
     shape.validate(do_sample)
     temperature = float(generation_config.temperature or 1.0) if do_sample else 1.0
+    if _is_batched(input_ids, model_kwargs):
+        from .batched import batched_speculative_decode
+
+        _check_streamer(streamer, input_ids)
+        return batched_speculative_decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                          drafter=drafter, shape=shape, do_sample=do_sample, temperature=temperature,
+                                          attention_mask=model_kwargs.get("attention_mask"))  # fmt: skip
 
     stats = GenerationStats()
     drafter.last_generation_stats = stats
@@ -278,12 +288,20 @@ def _routing_generate(self, *args, assistant_model=None, streamer=None, custom_g
         )
     if custom_generate is not None:
         raise ValueError("`custom_generate` cannot be combined with an hf-spec drafter as `assistant_model`.")
-    _precheck(self, args, kwargs)
+    _precheck(self, args, kwargs, streamer)
     loop = functools.partial(speculative_decode, drafter=assistant_model, streamer=streamer)
     return _original_generate(self, *args, streamer=streamer, custom_generate=loop, **kwargs)
 
 
-def _precheck(model, args, kwargs) -> None:
+def _check_streamer(streamer, input_ids) -> None:
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError(
+            f"A streamer cannot be used with a batch of {input_ids.shape[0]} prompts (transformers' streamers take "
+            "batch size 1). Fix: drop `streamer`, or call generate() once per prompt."
+        )
+
+
+def _precheck(model, args, kwargs, streamer=None) -> None:
     """Fail before transformers touches the streamer or the cache on options we reject anyway."""
     inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
     generation_config = copy.deepcopy(args[1] if len(args) > 1 and args[1] is not None else
@@ -291,7 +309,11 @@ def _precheck(model, args, kwargs) -> None:
     generation_config.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
     if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
         inputs = torch.ones(1, 1, dtype=torch.long)
-    check_supported(model, inputs, generation_config, {})
+    mask = kwargs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.shape != inputs.shape:
+        mask = None
+    _check_streamer(streamer, inputs)
+    check_supported(model, inputs, generation_config, {"attention_mask": mask})
 
 
 def install() -> None:

@@ -29,7 +29,7 @@ simply samples p_u. Hence every emitted token has exactly the target's distribut
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Generator
 
 import torch
 
@@ -75,12 +75,31 @@ def verify_tree(
     generation's logits processors and warpers with the node's own context, exactly as
     transformers' ``_sample`` does for one position.
     """
+    walk = walk_tree(tree, process, do_sample, keep_scores, generator)
+    node = next(walk)
+    try:
+        while True:
+            node = walk.send(target_logits(node))
+    except StopIteration as stop:
+        return stop.value
+
+
+def walk_tree(
+    tree: DraftTree,
+    process: ProcessFn,
+    do_sample: bool,
+    keep_scores: bool = False,
+    generator: torch.Generator | None = None,
+) -> Generator[int, torch.Tensor, WalkResult]:
+    """:func:`verify_tree` as a generator: yields the node whose raw logits (V,) it needs next,
+    is sent them, and returns the :class:`WalkResult`. Lets a batch of walks share one LM-head
+    call per step (:mod:`hf_spec.batched`)."""
     result = WalkResult()
     slot_of_node = torch.full((len(tree),), -1, dtype=torch.long)
     slot_of_node[tree.expanded.cpu()] = torch.arange(tree.expanded.shape[0])
     node = 0
     while True:
-        raw = target_logits(node)
+        raw = yield node
         scores = process(node, raw)
         if keep_scores:
             result.scores.append(scores)

@@ -97,12 +97,12 @@ def test_unsupported_modes_raise_before_generating(kwargs, message):
     assert streamer.calls == 0  # nothing half-generated reached the user
 
 
-def test_batch_larger_than_one_raises_before_generating():
+def test_streamer_with_a_batch_raises_before_generating():
     target = make_target()
     drafter = hf_spec.EagleDrafter.from_target(target)
     streamer = _Recorder()
     prompts = torch.cat([random_prompt(seed=1), random_prompt(seed=2)])
-    with pytest.raises(ValueError, match="batch size 1, got 2"):
+    with pytest.raises(ValueError, match="streamer cannot be used with a batch of 2"):
         target.generate(prompts, assistant_model=drafter, streamer=streamer, max_new_tokens=5)
     assert streamer.calls == 0
 

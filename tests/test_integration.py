@@ -55,3 +55,24 @@ def test_shipped_drafter_is_lossless_and_accepted_on_smollm2(smollm2):
         assert torch.equal(out, expected)
         taus.append(drafter.last_generation_stats.tau)
     assert sum(taus) / len(taus) > 1.2, taus  # an untrained drafter gets ~1.0 here
+
+
+def test_shipped_drafter_batch_equals_per_row_plain_on_smollm2(smollm2):
+    """Two prompts of different lengths, left-padded, in one batched call (fp32): each row == its plain run."""
+    path = shipped_drafter_path(DEFAULT_TARGET)
+    model, encoded = smollm2
+    drafter = hf_spec.EagleDrafter.from_pretrained(path) if path else hf_spec.EagleDrafter.from_target(model)
+    width = max(ids.shape[1] for ids in encoded)
+    pad = model.generation_config.pad_token_id
+    assert pad is not None  # SmolLM2 ships one; transformers pads finished rows with it
+    batch = torch.full((len(encoded), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(batch)
+    for row, ids in enumerate(encoded):
+        batch[row, width - ids.shape[1] :] = ids[0]
+        mask[row, width - ids.shape[1] :] = 1
+    out = model.generate(batch, attention_mask=mask, assistant_model=drafter, max_new_tokens=32, do_sample=False)
+    for row, ids in enumerate(encoded):
+        expected = plain_generate(model, ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1] :]
+        got = out[row, width:]
+        assert torch.equal(got[: expected.numel()], expected)
+        assert bool((got[expected.numel() :] == pad).all())  # a row that stopped early is padded
