@@ -14,6 +14,7 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+from transformers.generation.streamers import BaseStreamer
 
 import hf_spec
 from hf_spec.training.losses import eagle_loss
@@ -114,3 +115,16 @@ def plain_generate(target, input_ids, **kwargs):
 @pytest.fixture(params=FAMILIES)
 def family(request):
     return request.param
+
+
+class CallCountingStreamer(BaseStreamer):
+    """A streamer that counts put()/end() calls (tests that rejected calls stream nothing)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def put(self, value):
+        self.calls += 1
+
+    def end(self):
+        self.calls += 1

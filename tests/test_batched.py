@@ -3,10 +3,9 @@
 import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
-from transformers.generation.streamers import BaseStreamer
 
 import hf_spec
-from conftest import make_target, oracle_pair, plain_generate, random_prompt
+from conftest import CallCountingStreamer, make_target, oracle_pair, plain_generate, random_prompt
 from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, tiny_pair, warpers
 from test_sorted import sorted_pair
 
@@ -183,17 +182,6 @@ def test_long_generation_repacks_the_cache_and_stays_exact(monkeypatch):
 
 
 # -- bad input ------------------------------------------------------------------------------------
-class _Recorder(BaseStreamer):
-    def __init__(self):
-        self.calls = 0
-
-    def put(self, value):
-        self.calls += 1
-
-    def end(self):
-        self.calls += 1
-
-
 def test_right_padding_is_rejected_with_the_fix():
     target = make_target()
     drafter = hf_spec.EagleDrafter.from_target(target)
@@ -215,7 +203,7 @@ def test_streamer_with_a_batch_is_rejected_before_generating():
     target = make_target()
     drafter = hf_spec.EagleDrafter.from_target(target)
     ids, mask = pad_left(prompts_of())
-    streamer = _Recorder()
+    streamer = CallCountingStreamer()
     with pytest.raises(ValueError, match="streamer cannot be used with a batch of 4"):
         target.generate(ids, attention_mask=mask, assistant_model=drafter, streamer=streamer, max_new_tokens=5)
     assert streamer.calls == 0

@@ -7,10 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModel
-from transformers.generation.streamers import BaseStreamer
 
 import hf_spec
-from conftest import make_target, random_prompt
+from conftest import CallCountingStreamer, make_target, random_prompt
 
 
 def test_save_load_round_trip_through_auto_classes(tmp_path, family):
@@ -67,17 +66,6 @@ def test_wrong_target_architecture_raises():
         drafter.bind(make_target("qwen2"))
 
 
-class _Recorder(BaseStreamer):
-    def __init__(self):
-        self.calls = 0
-
-    def put(self, value):
-        self.calls += 1
-
-    def end(self):
-        self.calls += 1
-
-
 @pytest.mark.parametrize(
     "kwargs,message",
     [
@@ -90,7 +78,7 @@ class _Recorder(BaseStreamer):
 def test_unsupported_modes_raise_before_generating(kwargs, message):
     target = make_target()
     drafter = hf_spec.EagleDrafter.from_target(target)
-    streamer = _Recorder()
+    streamer = CallCountingStreamer()
     with pytest.raises(ValueError, match=message) as error:
         target.generate(random_prompt(), assistant_model=drafter, streamer=streamer, max_new_tokens=5, **kwargs)
     assert "Fix:" in str(error.value)
@@ -100,7 +88,7 @@ def test_unsupported_modes_raise_before_generating(kwargs, message):
 def test_streamer_with_a_batch_raises_before_generating():
     target = make_target()
     drafter = hf_spec.EagleDrafter.from_target(target)
-    streamer = _Recorder()
+    streamer = CallCountingStreamer()
     prompts = torch.cat([random_prompt(seed=1), random_prompt(seed=2)])
     with pytest.raises(ValueError, match="streamer cannot be used with a batch of 2"):
         target.generate(prompts, assistant_model=drafter, streamer=streamer, max_new_tokens=5)
