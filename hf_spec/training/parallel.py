@@ -122,10 +122,12 @@ def sample_anchors(
     return torch.stack(rows)
 
 
-def parallel_forward(drafter, input_ids: torch.Tensor, hidden_states: torch.Tensor, layout: ParallelLayout):
+def parallel_forward(drafter, input_ids: torch.Tensor, hidden_states: torch.Tensor, layout: ParallelLayout,
+                     output_logits: bool = True):  # fmt: skip
     """Run ``drafter`` on the group-wise layout of ``input_ids`` (b, N) / ``hidden_states`` (b, N, H).
 
-    Pairs are (hidden_states[:, i], input_ids[:, i+1]); returns the drafter output (with logits).
+    Pairs are (hidden_states[:, i], input_ids[:, i+1]); returns the drafter output (with
+    logits at every position unless ``output_logits`` is False).
     """
     pair_ids, pair_feats = input_ids[:, 1:], hidden_states[:, :-1]
     ids = pair_ids.gather(1, layout.source_index)
@@ -136,7 +138,7 @@ def parallel_forward(drafter, input_ids: torch.Tensor, hidden_states: torch.Tens
         position_ids=layout.position_ids,
         attention_mask=layout.additive_attention_mask(drafter.fc.weight.dtype),
         mask_ids=layout.mask_ids,
-        output_logits=True,
+        output_logits=output_logits,
     )
 
 
@@ -144,27 +146,32 @@ def parallel_eagle_loss(drafter, input_ids, hidden_states, layout: ParallelLayou
                         w_reg: float = 1.0, w_cls: float = 0.1) -> dict[str, torch.Tensor]:  # fmt: skip
     """EAGLE-Parallel loss: sum over depths 0..k of the EAGLE loss at that depth's positions.
 
-    ``loss_mask`` (b, N): 0 at padding; a position counts only if its target position is valid.
-    Returns ``loss``, ``reg``/``cls`` (summed over depths) and ``cls_<d>`` per depth.
+    ``loss_mask`` (b, N): which tokens may be labels (0 at padding, and e.g. on user turns);
+    a position counts only if its label token does. The LM head runs only at counted
+    positions (most of a CPU training step otherwise). Returns ``loss``, ``reg``/``cls``
+    (summed over depths) and ``cls_<d>`` per depth.
     """
-    out = parallel_forward(drafter, input_ids, hidden_states, layout)
+    out = parallel_forward(drafter, input_ids, hidden_states, layout, output_logits=False)
     targets = hidden_states[:, 1:]  # target index t -> f_{t+1}
     valid = layout.target_index >= 0
     index = layout.target_index.clamp(min=0)
-    target_feats = targets.gather(1, index.unsqueeze(-1).expand(-1, -1, targets.shape[-1]))
     if loss_mask is not None:  # the label x_{t+2} must be a real token
         valid = valid & loss_mask[:, 2:].bool().gather(1, index.clamp(max=loss_mask.shape[1] - 3))
-    with torch.no_grad():
-        target_logits = drafter.lm_logits(target_feats)
     result = {"loss": 0.0, "reg": 0.0, "cls": 0.0}
     for depth in range(drafter.config.num_mask_tokens + 1):
         selected = valid & (layout.mask_ids == depth)
         if not bool(selected.any()):
             continue
-        part = eagle_loss(out.last_hidden_state, target_feats, out.logits, target_logits, selected, w_reg, w_cls)
+        predicted = out.last_hidden_state[selected]
+        target_feats = targets[selected.nonzero(as_tuple=True)[0], index[selected]]
+        with torch.no_grad():
+            target_logits = drafter.lm_logits(target_feats)
+        part = eagle_loss(predicted, target_feats, drafter.lm_logits(predicted), target_logits, None, w_reg, w_cls)
         for name in ("loss", "reg", "cls"):
             result[name] = result[name] + part[name]
         result[f"cls_{depth}"] = part["cls"].detach()
+    if not torch.is_tensor(result["loss"]):  # no position counts in this batch
+        result["loss"] = out.last_hidden_state.sum() * 0.0
     return result
 
 
@@ -188,20 +195,26 @@ class ParallelTrainingArguments(TrainingArguments):
     per_device_train_batch_size: int = field(default=4, metadata={"help": "x accumulation = global batch 32."})
     gradient_accumulation_steps: int = field(default=8, metadata={"help": "x per-device batch = global batch 32."})
     num_train_epochs: float = field(default=40.0, metadata={"help": "Paper A.2: 40 epochs."})
+    max_length: int = field(default=2048, metadata={"help": "training sequences are truncated to this many tokens"})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep hidden_states etc. in batches."})
 
 
 class ParallelTrainer(Trainer):
     """Trainer for a bound :class:`ParallelDrafter`; batches hold ``input_ids`` (b, N),
-    ``hidden_states`` (b, N, H) target features and optionally ``loss_mask`` (b, N).
-    Fresh anchors are drawn for every batch."""
+    ``hidden_states`` (b, N, H) target features and optionally ``loss_mask`` (b, N: which
+    tokens are labels, e.g. assistant tokens) and ``attention_mask`` (b, N: right padding; when
+    absent, ``loss_mask`` marks the real tokens). Fresh anchors are drawn for every batch."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         args = self.args
         input_ids, hidden_states = inputs["input_ids"], inputs["hidden_states"]
-        loss_mask = inputs.get("loss_mask")
+        loss_mask, padding_mask = inputs.get("loss_mask"), inputs.get("attention_mask")
+        if padding_mask is None:
+            padding_mask = loss_mask  # batches without attention_mask mark real tokens in loss_mask
+        elif loss_mask is not None:
+            loss_mask = loss_mask * padding_mask
         num_pairs = input_ids.shape[1] - 1
-        lengths = loss_mask.sum(1).long() - 1 if loss_mask is not None else None
+        lengths = padding_mask.sum(1).long() - 1 if padding_mask is not None else None
         groups = getattr(args, "num_parallel_groups", 4)
         drafter = model.module if hasattr(model, "module") else model
         anchors = sample_anchors(num_pairs, groups, drafter.config.num_mask_tokens, input_ids.shape[0],

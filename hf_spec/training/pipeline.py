@@ -1,7 +1,8 @@
 """What the training scripts share: target loading, the feature cache, the drafter, the Trainer run.
 
-``training_scripts/train_eagle.py`` and ``train_hass.py`` are thin ``main()``s over
-:func:`train_drafter`.
+``training_scripts/train_eagle.py``, ``train_hass.py`` and ``train_parallelspec.py`` are thin
+``main()``s over :func:`train_drafter`, so every feature drafter trains on the same chat-templated,
+assistant-masked data and the same cached target features.
 """
 
 from __future__ import annotations
@@ -14,18 +15,26 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers.trainer_utils import get_last_checkpoint
 
-from ..drafters import EagleDrafter
+from ..drafters import EagleDrafter, ParallelDrafter
+from ..resources import cache_dir
 from .collators import FeatureCollator
 from .data import (
     FEATURE_DTYPES,
-    _cache_root,
     build_feature_cache,
     feature_cache_dir,
     load_conversations,
     load_feature_cache,
     load_target,
 )
+from .parallel import ParallelTrainer
 from .trainers import EagleTrainer, HassTrainer
+
+METHODS = {
+    "eagle": (EagleDrafter, EagleTrainer),
+    "hass": (EagleDrafter, HassTrainer),
+    "parallelspec": (ParallelDrafter, ParallelTrainer),
+}
+"""training method -> (drafter class, Trainer class)."""
 
 
 @dataclass
@@ -43,14 +52,17 @@ class DataArguments:
     num_layers: int = field(default=1, metadata={"help": "drafter decoder layers (EAGLE/HASS: 1)"})
 
 
-def train_drafter(method: str, data_args: DataArguments, training_args) -> EagleDrafter:
-    """Cache features if needed, then train (or resume) an EAGLE/HASS drafter and save it."""
-    if method not in ("eagle", "hass"):
-        raise ValueError(f"method must be 'eagle' or 'hass', got {method!r}")
+def train_drafter(method: str, data_args: DataArguments, training_args, **drafter_config) -> EagleDrafter:
+    """Cache features if needed, then train (or resume) a feature drafter with ``method``'s
+    Trainer and save it. ``drafter_config``: extra config fields of the drafter class
+    (e.g. ParallelSpec's ``num_mask_tokens``)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
+    drafter_class, trainer_class = METHODS[method]
     start = time.time()
     target, tokenizer = load_target(data_args.target_model, FEATURE_DTYPES[data_args.feature_dtype])
     cache = data_args.feature_cache or feature_cache_dir(
-        str(_cache_root() / "features"), data_args.target_model, data_args.dataset, data_args.num_conversations,
+        str(cache_dir() / "features"), data_args.target_model, data_args.dataset, data_args.num_conversations,
         training_args.max_length, data_args.feature_storage,
     )  # fmt: skip
     with training_args.main_process_first(desc="feature cache"):
@@ -60,8 +72,8 @@ def train_drafter(method: str, data_args: DataArguments, training_args) -> Eagle
                                 data_args.feature_storage)  # fmt: skip
     dataset, storage = load_feature_cache(cache)
     target = target.float()  # the drafter trains in fp32 (bf16 autocast via --bf16) against the fp32 LM head
-    drafter = EagleDrafter.from_target(target, name_or_path=data_args.target_model, num_layers=data_args.num_layers)
-    trainer_class = HassTrainer if method == "hass" else EagleTrainer
+    drafter = drafter_class.from_target(target, name_or_path=data_args.target_model, num_layers=data_args.num_layers,
+                                        training_method=method, **drafter_config)  # fmt: skip
     trainer = trainer_class(
         model=drafter,
         args=training_args,
