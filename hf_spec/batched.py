@@ -41,7 +41,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import compat
 from .cache import gather_positions, select_rows
-from .generation import GenerationStats, _Target
+from .generation import GenerationStats, _Target, new_session
 from .verify import walk_tree
 
 HOLE_SLACK = 32
@@ -150,7 +150,8 @@ def _verify_mask(trees, valid, slot_pos, start_pos, dtype, sliding_window):
 
 
 def batched_speculative_decode(model, input_ids, logits_processor, stopping_criteria, generation_config, *,
-                               drafter, shape, do_sample: bool, temperature: float, attention_mask=None):  # fmt: skip
+                               drafter, shape, do_sample: bool, temperature: float, attention_mask=None,
+                               use_router: bool | None = None):  # fmt: skip
     """Tree speculative decoding of a left-padded batch; returns what batched ``generate()`` would.
 
     Called by :func:`hf_spec.generation.speculative_decode` for batch size > 1 (or a padded
@@ -189,7 +190,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
     for r in range(batch):
         start = int(pads[r])
         row_prompt = input_ids[r : r + 1, start:]
-        session = drafter.new_drafting_session(model, shape, do_sample, temperature, prompt_ids=row_prompt)
+        session = new_session(drafter, model, shape, do_sample, temperature, row_prompt, use_router)
         sequence = input_ids[r : r + 1]
         scores = process(r, sequence, last_logits[r])
         first = torch.multinomial(torch.softmax(scores, dim=-1), 1) if do_sample else scores.argmax().view(1)

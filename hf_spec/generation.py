@@ -27,6 +27,21 @@ from .verify import verify_tree
 TREE_KWARGS = ("tree_depth", "tree_top_k", "tree_total_tokens")
 
 
+def new_session(drafter, model, shape, do_sample: bool, temperature: float, prompt_ids, use_router: bool | None):
+    """The drafter's drafting session for one sequence; ``use_router`` (None: the drafter's
+    config) switches a CORAL LM-head router on or off for this call."""
+    session = drafter.new_drafting_session(model, shape, do_sample, temperature, prompt_ids=prompt_ids)
+    if use_router is not None:
+        if use_router and getattr(drafter, "router", None) is None:
+            raise ValueError(
+                "use_router=True but this drafter has no LM-head router. Fix: drop use_router, or train a router "
+                "(training_scripts/train_coral.py)."
+            )
+        if hasattr(session, "use_router"):
+            session.use_router = bool(use_router)
+    return session
+
+
 @dataclass
 class GenerationStats:
     """What one speculative generate() call did.
@@ -167,6 +182,7 @@ def speculative_decode(
     tree_depth: int | None = None,
     tree_top_k: int | None = None,
     tree_total_tokens: int | None = None,
+    use_router: bool | None = None,
     **model_kwargs,
 ):
     """Tree speculative decoding of ``model`` with ``drafter``.
@@ -188,7 +204,8 @@ def speculative_decode(
         _check_streamer(streamer, input_ids)
         return batched_speculative_decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                           drafter=drafter, shape=shape, do_sample=do_sample, temperature=temperature,
-                                          attention_mask=model_kwargs.get("attention_mask"))  # fmt: skip
+                                          attention_mask=model_kwargs.get("attention_mask"),
+                                          use_router=use_router)  # fmt: skip
 
     stats = GenerationStats()
     drafter.last_generation_stats = stats
@@ -199,7 +216,7 @@ def speculative_decode(
     all_scores, all_logits = [], []
 
     input_ids = input_ids.to(model.device)
-    session = drafter.new_drafting_session(model, shape, do_sample, temperature, prompt_ids=input_ids)
+    session = new_session(drafter, model, shape, do_sample, temperature, input_ids, use_router)
     cache = compat.full_dynamic_cache()
     features = target.forward(input_ids, cache)
     last_logits = target.logits(features[-1])

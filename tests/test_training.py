@@ -26,7 +26,17 @@ from hf_spec.training.losses import (
     topk_distillation_loss,
 )
 from hf_spec.training.parallel import ParallelTrainer, ParallelTrainingArguments
-from hf_spec.training.trainers import EagleTrainer, EagleTrainingArguments, HassTrainer, HassTrainingArguments
+from hf_spec.training.pipeline import assistant_token_counts
+from hf_spec.training.trainers import (
+    CoralTrainer,
+    CoralTrainingArguments,
+    EagleTrainer,
+    EagleTrainingArguments,
+    HassTrainer,
+    HassTrainingArguments,
+    RouterTrainer,
+    RouterTrainingArguments,
+)
 
 LN = torch.log
 
@@ -262,13 +272,14 @@ def _trainer(cls, args_cls, target, path, out_dir, seed=0, drafter_class=hf_spec
                data_collator=FeatureCollator(storage=storage, max_length=args.max_length))  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["eagle", "hass", "parallelspec"])
+@pytest.mark.parametrize("kind", ["eagle", "hass", "coral", "parallelspec"])
 def test_a_few_trainer_steps_lower_the_loss(kind, feature_cache, tmp_path):
     """Each training method runs on the shared feature cache (assistant loss mask + padding)."""
     target, path = feature_cache
     setups = {
         "eagle": (EagleTrainer, EagleTrainingArguments, {"feature_noise": 0.0}, 0.8),
         "hass": (HassTrainer, HassTrainingArguments, {"feature_noise": 0.0}, 0.8),
+        "coral": (CoralTrainer, CoralTrainingArguments, {"feature_noise": 0.0}, 0.8),
         # the sum over 5 depths; the [MASK] depths (2..5 tokens ahead) fall slower than depth 0
         "parallelspec": (ParallelTrainer, ParallelTrainingArguments,
                          {"drafter_class": hf_spec.ParallelDrafter, "gradient_accumulation_steps": 1}, 0.9),
@@ -284,6 +295,38 @@ def test_a_few_trainer_steps_lower_the_loss(kind, feature_cache, tmp_path):
         torch.manual_seed(0)
         after = trainer.compute_loss(trainer.model.eval(), batch).item()
     assert after < ratio * before, (before, after)
+
+
+def test_router_stage_trains_only_the_router_toward_the_group_mass(feature_cache, tmp_path):
+    """CORAL stage 2: the drafter stays frozen, the router's cross-entropy to the target's
+    per-group mass falls, and the groups follow the data's assistant-token frequency."""
+    target, path = feature_cache
+    dataset, _ = load_feature_cache(path)
+    counts = assistant_token_counts(dataset, target.config.vocab_size)
+    assert counts.sum() == sum(int(sum(m)) for m in dataset["loss_mask"])
+    trainer = _trainer(RouterTrainer, RouterTrainingArguments, target, path, tmp_path, max_steps=30,
+                       router_num_groups=4, learning_rate=1e-2)  # fmt: skip
+    drafter = trainer.model
+    drafter.requires_grad_(False)
+    drafter.add_router(hf_spec.drafters.router.frequency_order(counts), num_groups=4, top_n=2).requires_grad_(True)
+    frozen = {k: v.clone() for k, v in drafter.state_dict().items() if not k.startswith("router")}
+    batch = next(iter(trainer.get_train_dataloader()))
+    with torch.no_grad():
+        before = trainer.compute_loss(drafter.eval(), batch).item()
+    trainer.train()
+    with torch.no_grad():
+        after = trainer.compute_loss(drafter.eval(), batch).item()
+    # cross-entropy = entropy of the target's group mass (the floor) + KL. The drafter here is untrained,
+    # so its outputs say little about the target's next group and much of the KL cannot be removed.
+    _, _, feats_target, mask = shift_for_drafter(batch["input_ids"], batch["hidden_states"], batch["loss_mask"],
+                                                 batch["attention_mask"])  # fmt: skip
+    with torch.no_grad():
+        probs = torch.softmax(drafter.lm_logits(feats_target[mask.bool()]).float(), dim=-1)
+    mass = hf_spec.drafters.router.group_mass(probs, drafter.router_token_order, 4)
+    floor = -(mass * mass.clamp_min(1e-12).log()).sum(-1).mean().item()
+    assert after - floor < 0.9 * (before - floor), (before, after, floor)
+    assert all(torch.equal(v, drafter.state_dict()[k]) for k, v in frozen.items())
+    assert drafter.router_token_order[0] == int(counts.argmax())
 
 
 class _StopAt(TrainerCallback):

@@ -25,6 +25,7 @@ from ..cache import crop_to
 from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ..tree.tree import DraftTree, additive_mask, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
+from .router import GroupedHead, LMHeadRouter, routed_log_probs
 
 DECODER_LAYERS = {
     "llama": (LlamaDecoderLayer, LlamaRotaryEmbedding),
@@ -47,14 +48,30 @@ class EagleDrafterConfig(SpecDrafterConfig):
         num_layers: decoder layers in the drafter (EAGLE/HASS/CORAL: 1).
         layer_config: the target's decoder settings (heads, intermediate size, RoPE, norm eps…)
             as a dict; the layers are built with the target family's own transformers classes.
+        router_num_groups: vocabulary groups of CORAL's LM-head router (None: no router;
+            CORAL: 16). See :mod:`hf_spec.drafters.router`.
+        router_top_n: groups whose LM-head rows are computed per draft row (CORAL: 2).
+        use_router: draft through the router when the checkpoint has one (``generate(...,
+            use_router=False)`` turns it off for one call).
     """
 
     model_type = "hf_spec_eagle"
     default_training_method = "eagle"
 
-    def __init__(self, num_layers: int = 1, layer_config: dict | None = None, **kwargs):
+    def __init__(
+        self,
+        num_layers: int = 1,
+        layer_config: dict | None = None,
+        router_num_groups: int | None = None,
+        router_top_n: int = 2,
+        use_router: bool = True,
+        **kwargs,
+    ):
         self.num_layers = num_layers
         self.layer_config = layer_config or {}
+        self.router_num_groups = router_num_groups
+        self.router_top_n = router_top_n
+        self.use_router = use_router
         super().__init__(**kwargs)
 
     @classmethod
@@ -109,7 +126,50 @@ class EagleDrafter(SpecDrafterModel):
         self.layers = nn.ModuleList([layer_class(layer_config, i) for i in range(config.num_layers)])
         self.layers[0].input_layernorm = nn.Identity()
         self.rotary_emb = rotary_class(config=layer_config)
+        self.router = None
+        if config.router_num_groups:
+            self._build_router(config.router_num_groups)
+        self._grouped_head = None
         self.post_init()
+
+    def _build_router(self, num_groups: int) -> None:
+        hidden = self.config.target_hidden_size
+        act = self.config.layer_config.get("hidden_act", "silu")
+        self.router = LMHeadRouter(hidden, num_groups, act)
+        self.register_buffer("router_token_order", torch.arange(self.config.target_vocab_size), persistent=True)
+
+    def add_router(self, token_order: torch.Tensor, num_groups: int = 16, top_n: int = 2) -> LMHeadRouter:
+        """Attach a fresh (untrained) CORAL LM-head router over ``num_groups`` groups of ``token_order``
+        (a permutation of the vocabulary, e.g. :func:`hf_spec.drafters.router.frequency_order`)."""
+        vocab = self.config.target_vocab_size
+        token_order = torch.as_tensor(token_order, dtype=torch.long)
+        if token_order.shape != (vocab,) or not torch.equal(token_order.sort().values, torch.arange(vocab)):
+            raise ValueError(f"token_order must be a permutation of the {vocab} vocabulary ids.")
+        if not 1 <= top_n <= num_groups:
+            raise ValueError(f"router top_n must be in [1, num_groups={num_groups}], got {top_n}.")
+        self._build_router(num_groups)
+        self.router.apply(self._init_weights)
+        self.router.to(device=self.fc.weight.device, dtype=self.fc.weight.dtype)
+        self.router_token_order.copy_(token_order)
+        self.config.router_num_groups, self.config.router_top_n, self.config.use_router = num_groups, top_n, True
+        self._grouped_head = None
+        return self.router
+
+    def draft_log_probs(self, hidden: torch.Tensor, temperature: float = 1.0, use_router: bool = False) -> torch.Tensor:
+        """Float32 draft log-probabilities (R, V) of drafter outputs ``hidden`` (R, H): the full
+        LM head, or with ``use_router`` only the router's top-n groups (-inf elsewhere)."""
+        if not use_router:
+            return torch.log_softmax(self.lm_logits(hidden).float() / temperature, dim=-1)
+        if self.router is None:
+            raise ValueError("This drafter has no LM-head router. Fix: drop use_router, or train one (train_coral.py).")
+        _, lm_head = self._require_bound()
+        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+        key = (weight.data_ptr(), weight.dtype, weight.device)
+        if self._grouped_head is None or self._grouped_head[0] != key:
+            grouped = GroupedHead(weight, bias, self.router_token_order, self.config.router_num_groups)
+            self._grouped_head = (key, grouped)
+        router_logits = self.router(hidden.to(self.router.w1.weight.dtype))
+        return routed_log_probs(hidden, router_logits, self._grouped_head[1], self.config.router_top_n, temperature)
 
     def forward(
         self,
@@ -185,6 +245,7 @@ class EagleDraftingSession:
         self.cache = compat.full_dynamic_cache()
         self.committed = 0
         self.forward_seconds = 0.0
+        self.use_router = drafter.router is not None and bool(drafter.config.use_router)
 
     def _run(self, tokens, features, positions, mask, last_only: bool = False):
         """One drafter forward; log-probabilities for every row, or for the last one only."""
@@ -199,7 +260,7 @@ class EagleDraftingSession:
         )
         hidden = out.last_hidden_state[0]
         head_input = hidden[-1:] if last_only else hidden  # the LM head is most of a drafter step
-        logq = torch.log_softmax(self.drafter.lm_logits(head_input).float() / self.temperature, dim=-1)
+        logq = self.drafter.draft_log_probs(head_input, self.temperature, self.use_router)
         # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
         # propose nothing, and verification falls back to the target alone.
         logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"))

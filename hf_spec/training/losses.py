@@ -169,6 +169,30 @@ def hass_loss(
     return {"loss": total, **metrics}
 
 
+def csra_loss(step_features: list[torch.Tensor], target_features: torch.Tensor, temperature: float = 0.07) -> torch.Tensor:
+    """CORAL's Cross-Step Representation Alignment loss (Eq. 2): InfoNCE over normalised features.
+
+    ``step_features``: the n training steps' output features at the same N positions, each
+    (N, H); ``target_features`` (N, H) the target's features there. The pool F holds all
+    (n + 1) * N features. Every step output is a query q; its positives are the other views of
+    the same position (the other steps' outputs and the target feature), every other member of
+    F (all views of other positions) is a negative, and q itself is left out. With several
+    positives the loss averages ``-log(exp(sim(q, f+)/τ) / Σ_{f in F \\ q} exp(sim(q, f)/τ))``
+    over them, then over queries. ``sim`` is cosine similarity, τ = 0.07 (App. A).
+    """
+    views = torch.stack([*step_features, target_features]).float()  # (n + 1, N, H)
+    num_views, positions = views.shape[:2]
+    pool = F.normalize(views.reshape(-1, views.shape[-1]), dim=-1)  # ((n + 1) N, H)
+    queries = pool[: (num_views - 1) * positions]
+    logits = queries @ pool.T / temperature
+    query_index = torch.arange(queries.shape[0], device=pool.device)
+    logits[query_index, query_index] = float("-inf")  # q is not its own view
+    log_prob = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    same_position = (query_index % positions).view(-1, 1) == (torch.arange(pool.shape[0], device=pool.device) % positions)
+    same_position[query_index, query_index] = False
+    return -(log_prob.masked_fill(~same_position, 0.0).sum(-1) / same_position.sum(-1)).mean()
+
+
 def sorted_loss(logits_per_exit, labels: torch.Tensor) -> torch.Tensor:
     """Sorted fine-tuning loss (S2D Eq. 3): mean over exits of each exit's next-token cross-entropy.
 

@@ -16,6 +16,7 @@ import torch
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..drafters import EagleDrafter, ParallelDrafter
+from ..drafters.router import frequency_order
 from ..resources import cache_dir
 from .collators import FeatureCollator
 from .data import (
@@ -27,11 +28,12 @@ from .data import (
     load_target,
 )
 from .parallel import ParallelTrainer
-from .trainers import EagleTrainer, HassTrainer
+from .trainers import CoralTrainer, EagleTrainer, HassTrainer, RouterTrainer
 
 METHODS = {
     "eagle": (EagleDrafter, EagleTrainer),
     "hass": (EagleDrafter, HassTrainer),
+    "coral": (EagleDrafter, CoralTrainer),
     "parallelspec": (ParallelDrafter, ParallelTrainer),
 }
 """training method -> (drafter class, Trainer class)."""
@@ -52,14 +54,9 @@ class DataArguments:
     num_layers: int = field(default=1, metadata={"help": "drafter decoder layers (EAGLE/HASS: 1)"})
 
 
-def train_drafter(method: str, data_args: DataArguments, training_args, **drafter_config) -> EagleDrafter:
-    """Cache features if needed, then train (or resume) a feature drafter with ``method``'s
-    Trainer and save it. ``drafter_config``: extra config fields of the drafter class
-    (e.g. ParallelSpec's ``num_mask_tokens``)."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
-    drafter_class, trainer_class = METHODS[method]
-    start = time.time()
+def prepare_features(data_args: DataArguments, training_args):
+    """(target, tokenizer, cache dir, feature dataset, storage dtype): loads the target and builds the
+    feature cache on first use (main process first under accelerate)."""
     target, tokenizer = load_target(data_args.target_model, FEATURE_DTYPES[data_args.feature_dtype])
     cache = data_args.feature_cache or feature_cache_dir(
         str(cache_dir() / "features"), data_args.target_model, data_args.dataset, data_args.num_conversations,
@@ -71,6 +68,55 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
             build_feature_cache(target, tokenizer, conversations, cache, training_args.max_length,
                                 data_args.feature_storage)  # fmt: skip
     dataset, storage = load_feature_cache(cache)
+    return target, tokenizer, cache, dataset, storage
+
+
+def assistant_token_counts(dataset, vocab_size: int) -> torch.Tensor:
+    """How often each token id is a loss (assistant) token in a feature cache: the token
+    frequency that orders CORAL's router groups."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for row in dataset.select_columns(["input_ids", "loss_mask"]).with_format("torch"):
+        counts += torch.bincount(row["input_ids"][row["loss_mask"].bool()].long(), minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def train_router(drafter_path: str, data_args: DataArguments, training_args) -> EagleDrafter:
+    """CORAL stage 2: load a trained drafter, attach a router over groups of the training data's
+    token-frequency order, train only the router (drafter frozen) and save the drafter with it."""
+    target, tokenizer, cache, dataset, storage = prepare_features(data_args, training_args)
+    target = target.float()
+    drafter = EagleDrafter.from_pretrained(drafter_path).bind(target)
+    drafter.config.training_method = "coral"
+    order = frequency_order(assistant_token_counts(dataset, drafter.config.target_vocab_size))
+    drafter.requires_grad_(False)
+    drafter.add_router(order, training_args.router_num_groups, training_args.router_top_n).requires_grad_(True)
+    trainer = RouterTrainer(
+        model=drafter,
+        args=training_args,
+        train_dataset=dataset.with_format("numpy"),
+        data_collator=FeatureCollator(storage=storage, max_length=training_args.max_length,
+                                      pad_token_id=tokenizer.pad_token_id or 0),  # fmt: skip
+    )
+    result = trainer.train()
+    if trainer.is_world_process_zero():
+        drafter.save_pretrained(training_args.output_dir)
+        summary = {"stage": "router", "drafter": drafter_path, "feature_cache": cache,
+                   "global_step": trainer.state.global_step, "train_runtime_s": result.metrics.get("train_runtime"),
+                   "log_history": trainer.state.log_history}  # fmt: skip
+        with open(os.path.join(training_args.output_dir, "router_training_summary.json"), "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+    return drafter
+
+
+def train_drafter(method: str, data_args: DataArguments, training_args, **drafter_config) -> EagleDrafter:
+    """Cache features if needed, then train (or resume) a feature drafter with ``method``'s
+    Trainer and save it. ``drafter_config``: extra config fields of the drafter class
+    (e.g. ParallelSpec's ``num_mask_tokens``)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
+    drafter_class, trainer_class = METHODS[method]
+    start = time.time()
+    target, tokenizer, cache, dataset, storage = prepare_features(data_args, training_args)
     target = target.float()  # the drafter trains in fp32 (bf16 autocast via --bf16) against the fp32 LM head
     drafter = drafter_class.from_target(target, name_or_path=data_args.target_model, num_layers=data_args.num_layers,
                                         training_method=method, **drafter_config)  # fmt: skip

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import Trainer, TrainingArguments
 
-from .losses import eagle_loss, hass_loss, shift_for_drafter
+from ..drafters.router import group_mass
+from .losses import csra_loss, eagle_loss, hass_loss, shift_for_drafter
 
 
 @dataclass
@@ -86,3 +87,84 @@ class HassTrainer(Trainer):
         out = hass_loss(drafter, ids, feats_in, feats_target, mask, num_steps=args.hass_steps, beta=args.hass_beta,
                         w_topk=args.w_topk, topk=args.topk, w_reg=args.w_reg, w_cls=args.w_cls, forward=model)  # fmt: skip
         return (out["loss"], out) if return_outputs else out["loss"]
+
+
+@dataclass
+class CoralTrainingArguments(HassTrainingArguments):
+    """CORAL's recipe (Weng et al., 2025): HASS-style 3-step training with loss
+    ``w_reg·L_reg + w_cls·L_cls + w_csra·L_csra`` per step (Eq. 3): w_reg 0.5 (half of EAGLE's),
+    w_cls 0.1, InfoNCE temperature 0.07, w_csra set per target so that w_csra·L_csra ≈
+    w_reg·L_reg (App. A: 0.1–0.2; both terms are logged as ``reg_weighted``/``csra_weighted``).
+    Eq. 3 has no Top-K term, so ``w_topk`` defaults to 0."""
+
+    w_reg: float = field(default=0.5, metadata={"help": "weight of the feature regression loss (CORAL: 0.5)"})
+    w_topk: float = field(default=0.0, metadata={"help": "weight of HASS's Top-K loss (CORAL's Eq. 3: none)"})
+    w_csra: float = field(default=0.2, metadata={"help": "weight of the CSRA loss; pick so w_csra*csra ~ w_reg*reg "
+                                                         "(CORAL App. A: 0.2 Qwen2.5-7B, 0.15 Llama3-8B)"})
+    csra_temperature: float = field(default=0.07, metadata={"help": "InfoNCE temperature (CORAL: 0.07)"})
+
+
+class _LoggedTermsMixin:
+    """Averages extra loss terms over the steps between two logs and adds them to the Trainer's logs."""
+
+    def _record(self, **terms):
+        sums = self.__dict__.setdefault("_term_sums", {})
+        for name, value in terms.items():
+            total, count = sums.get(name, (0.0, 0))
+            sums[name] = (total + float(value), count + 1)
+
+    def log(self, logs, *args, **kwargs):
+        sums = self.__dict__.pop("_term_sums", {})
+        logs = {**logs, **{name: round(total / count, 5) for name, (total, count) in sums.items() if count}}
+        return super().log(logs, *args, **kwargs)
+
+
+class CoralTrainer(_LoggedTermsMixin, Trainer):
+    """Trains an :class:`~hf_spec.EagleDrafter` with CORAL's loss: HASS's multi-step training plus
+    the CSRA InfoNCE over all steps' outputs (:func:`~hf_spec.training.losses.csra_loss`)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        drafter = self.accelerator.unwrap_model(model)
+        ids, feats_in, feats_target, mask = _drafter_inputs(self, inputs)
+        args = self.args
+        out = hass_loss(drafter, ids, feats_in, feats_target, mask, num_steps=args.hass_steps, beta=args.hass_beta,
+                        w_topk=args.w_topk, topk=args.topk, w_reg=args.w_reg, w_cls=args.w_cls, forward=model,
+                        return_predictions=True)  # fmt: skip
+        select = mask.bool()
+        loss = out["loss"]
+        if select.any():
+            csra = csra_loss([p[select] for p in out.pop("predictions")], feats_target[select], args.csra_temperature)
+            loss = loss + args.w_csra * csra
+            reg = sum(out[f"reg_{j}"] for j in range(1, args.hass_steps + 1)) / args.hass_steps
+            self._record(reg_weighted=args.w_reg * reg, csra_weighted=args.w_csra * csra.detach())
+        out["loss"] = loss
+        return (loss, out) if return_outputs else loss
+
+
+@dataclass
+class RouterTrainingArguments(EagleTrainingArguments):
+    """Stage 2 of CORAL: train the LM-head router with the drafter frozen (§3.3, App. F)."""
+
+    router_num_groups: int = field(default=16, metadata={"help": "vocabulary groups N (CORAL: 16)"})
+    router_top_n: int = field(default=2, metadata={"help": "groups computed per draft row at inference (CORAL: 2)"})
+    feature_noise: float = field(default=0.0, metadata={"help": "no input noise: the router sees clean drafter outputs"})
+
+
+class RouterTrainer(_LoggedTermsMixin, Trainer):
+    """Trains only ``drafter.router``: cross-entropy between the router's group distribution on the
+    drafter's predicted features and the target's probability mass per group (Eq. 9)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        drafter = self.accelerator.unwrap_model(model)
+        ids, feats_in, feats_target, mask = _drafter_inputs(self, inputs)
+        select = mask.bool()
+        with torch.no_grad():
+            predicted = drafter(input_ids=ids, hidden_states=feats_in).last_hidden_state[select]
+            target_probs = torch.softmax(drafter.lm_logits(feats_target[select]).float(), dim=-1)
+            target_mass = group_mass(target_probs, drafter.router_token_order, drafter.config.router_num_groups)
+        router_logp = torch.log_softmax(drafter.router(predicted).float(), dim=-1)
+        loss = -(target_mass * router_logp).sum(-1).mean() if select.any() else router_logp.sum() * 0.0
+        if select.any():
+            top = router_logp.topk(drafter.config.router_top_n, dim=-1).indices
+            self._record(top_n_mass=target_mass.gather(-1, top).sum(-1).mean())
+        return (loss, {"loss": loss}) if return_outputs else loss
