@@ -75,6 +75,9 @@ def tiny_models(tmp_path_factory):
     import hf_spec
 
     hf_spec.EagleDrafter.from_target(_tiny_llama(0)).save_pretrained(root / "drafter")
+    routed = hf_spec.EagleDrafter.from_target(_tiny_llama(0))
+    routed.add_router(torch.arange(128), num_groups=4, top_n=1)
+    routed.save_pretrained(root / "routed")
     return root
 
 
@@ -116,8 +119,9 @@ def test_harness_end_to_end_on_tiny_models(tiny_models, tmp_path):
     # more than one token, but that one is always right: exactly two tokens per forward.
     assert summary["all"][names[2]]["tau"] == 2.0
     assert summary["all"]["plain"]["tau"] == 1.0 and summary["all"]["plain"]["speedup"] == 1.0
-    # The hf_spec drafter reports its own acceptance by draft position.
+    # The hf_spec drafter reports its own acceptance by draft position and its time per cycle.
     assert isinstance(summary["all"][names[3]]["acceptance_by_position"], list)
+    assert summary["all"][names[3]]["draft_ms_per_cycle"] > 0 and summary["all"]["plain"]["draft_ms_per_cycle"] is None
 
     metadata = run_metadata(settings, dtype, command="pytest", target="tiny", methods=names)
     paths = write_report(tmp_path / "out", metadata, summary, rows)
@@ -130,6 +134,13 @@ def test_harness_end_to_end_on_tiny_models(tiny_models, tmp_path):
     )
     assert "| set_a | prompt_lookup:3 |" in paths["markdown"].read_text()
     assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_router_suffix_turns_a_coral_router_off(tiny_models):
+    routed = parse_method(f"hf_spec:{tiny_models / 'routed'}", torch.float32)
+    off = parse_method(f"hf_spec:{tiny_models / 'routed'}:no_router", torch.float32)
+    assert "use_router" not in routed.generate_kwargs and off.generate_kwargs["use_router"] is False
+    assert off.generate_kwargs["assistant_model"].router is not None
 
 
 def test_unknown_method_is_a_clear_error():

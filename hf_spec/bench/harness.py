@@ -7,7 +7,9 @@ Methods (strings, as on the command line):
   (``prompt_lookup_num_tokens=N``, default 10).
 - ``assisted:<packaged name or path>``: transformers' assisted decoding with a
   same-tokenizer assistant model.
-- ``hf_spec:<path>``: an hf_spec drafter, ``target.generate(ids, assistant_model=drafter)``.
+- ``hf_spec:<path>``: an hf_spec drafter, ``target.generate(ids, assistant_model=drafter)``;
+  ``hf_spec:<path>:no_router`` runs a CORAL drafter with its LM-head router off
+  (``use_router=False``).
 
 τ (mean tokens per target forward) is measured the same way for every method, by counting
 the target's forward calls with a forward pre-hook: a first forward that sees only the
@@ -128,18 +130,24 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
     import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
     from transformers import AutoModel
 
+    no_router = path.endswith(":no_router")
+    path = path.removesuffix(":no_router")
     drafter = AutoModel.from_pretrained(path, dtype=dtype).eval()
 
     def stats() -> dict[str, Any]:
         s = drafter.last_generation_stats
         return {
             "drafter_tau": float(s.tau),
+            "cycles": s.cycles,
+            "drafter_forward_seconds": s.drafter_forward_seconds,
+            "target_forward_seconds": s.target_forward_seconds,
             "accepted_lengths": list(s.accepted_lengths),
             "acceptance_by_position": [float(x) for x in s.acceptance_by_position()],
         }
 
     tree = {k: v for k, v in (tree or {}).items() if v is not None}
-    return Method(name, {"assistant_model": drafter, **tree}, stats, {"drafter": path, **tree})
+    options = {"use_router": False} if no_router else {}
+    return Method(name, {"assistant_model": drafter, **tree, **options}, stats, {"drafter": path, **tree, **options})
 
 
 def parse_method(spec: str, dtype: torch.dtype = torch.bfloat16, tokenizer=None, tree: dict | None = None) -> Method:
@@ -286,7 +294,9 @@ def summarize(rows: list[dict], methods: Sequence[str]) -> dict[str, dict[str, d
     ``wall_speedup`` = plain's total seconds / the method's (equal to ``speedup`` when the
     outputs are identical); ``median_speedup`` = median over prompts of the method's
     tokens/s over plain's on the same prompt (robust to bursts of load); ``tau`` = total tokens / total target forwards (pure prefills
-    excluded); ``identical`` = outputs token-identical to plain, out of ``prompts``.
+    excluded); ``identical`` = outputs token-identical to plain, out of ``prompts``;
+    ``draft_ms_per_cycle`` / ``verify_ms_per_cycle`` (hf_spec drafters) = the drafter's / the
+    target's forward time per drafting-verification cycle.
     """
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     summary: dict[str, dict[str, dict]] = {}
@@ -309,6 +319,11 @@ def summarize(rows: list[dict], methods: Sequence[str]) -> dict[str, dict[str, d
                     [r["acceptance_by_position"] for r in sel if r.get("acceptance_by_position")]
                 ),
             }
+            cycles = sum(r.get("cycles") or 0 for r in sel)
+            for key, field_name in (("draft_ms_per_cycle", "drafter_forward_seconds"),
+                                    ("verify_ms_per_cycle", "target_forward_seconds")):  # fmt: skip
+                timed = sum(r.get(field_name) or 0.0 for r in sel)
+                summary[ds][m][key] = 1000 * timed / cycles if cycles else None
         base = summary[ds].get("plain")
         for m, s in summary[ds].items():
             s["speedup"] = s["tokens_per_s"] / base["tokens_per_s"] if base and s["tokens_per_s"] else None
