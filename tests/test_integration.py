@@ -1,7 +1,10 @@
 """Integration on the real packaged SmolLM2-135M-Instruct (fp32): losslessness on a real model."""
 
+from pathlib import Path
+
 import pytest
 import torch
+from transformers import AutoModel
 
 import hf_spec
 from conftest import plain_generate
@@ -55,6 +58,22 @@ def test_shipped_drafter_is_lossless_and_accepted_on_smollm2(smollm2):
         assert torch.equal(out, expected)
         taus.append(drafter.last_generation_stats.tau)
     assert sum(taus) / len(taus) > 1.2, taus  # an untrained drafter gets ~1.0 here
+
+
+SHIPPED = sorted(p.name for p in (Path(__file__).parents[1] / "drafters").glob(f"{DEFAULT_TARGET}-*"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_drafter_loads_with_automodel_and_is_lossless(smollm2, name):
+    """Each committed drafter family (EAGLE, HASS, ParallelSpec, CORAL...) on the real model, fp32."""
+    model, encoded = smollm2
+    drafter = AutoModel.from_pretrained(Path(__file__).parents[1] / "drafters" / name, dtype=torch.float32)
+    assert isinstance(drafter, hf_spec.SpecDrafterModel)
+    ids = encoded[1]
+    expected = plain_generate(model, ids, max_new_tokens=32, do_sample=False)
+    out = model.generate(ids, assistant_model=drafter, max_new_tokens=32, do_sample=False)
+    assert torch.equal(out, expected)
+    assert drafter.last_generation_stats.tau > 1.1  # drafts are accepted: the weights are trained ones
 
 
 def test_shipped_drafter_batch_equals_per_row_plain_on_smollm2(smollm2):
