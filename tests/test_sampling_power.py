@@ -29,11 +29,10 @@ import os
 import pytest
 import torch
 from scipy import stats as scipy_stats
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import hf_spec
 from conftest import make_target
-from test_sampling import chi_square_pvalue
+from test_sampling import chi_square_pvalue, warpers
 from test_sorted import sorted_pair
 
 VOCAB = 4
@@ -55,15 +54,6 @@ def required_samples(delta=DELTA, alpha=ALPHA, power=TARGET_POWER, cells=VOCAB) 
 
 
 SAMPLES = int(os.environ.get("HF_SPEC_POWER_SAMPLES", required_samples()))
-
-
-def warpers(temperature=1.0, top_k=None, top_p=None) -> LogitsProcessorList:
-    chain = [TemperatureLogitsWarper(temperature)]
-    if top_k is not None:
-        chain.append(TopKLogitsWarper(top_k))
-    if top_p is not None:
-        chain.append(TopPLogitsWarper(top_p))
-    return LogitsProcessorList(chain)
 
 
 def force_first(batch_id, sentence):

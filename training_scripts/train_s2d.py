@@ -14,7 +14,6 @@ checkpoint in ``--output_dir``.
 
 from __future__ import annotations
 
-import argparse
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, HfArgumentParser

@@ -80,6 +80,17 @@ def assistant_token_counts(dataset, vocab_size: int) -> torch.Tensor:
     return counts
 
 
+def _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer):
+    """``trainer_class`` over a feature cache (batches from :class:`FeatureCollator`)."""
+    return trainer_class(
+        model=drafter,
+        args=training_args,
+        train_dataset=dataset.with_format("numpy"),
+        data_collator=FeatureCollator(storage=storage, max_length=training_args.max_length,
+                                      pad_token_id=tokenizer.pad_token_id or 0),  # fmt: skip
+    )
+
+
 def train_router(drafter_path: str, data_args: DataArguments, training_args) -> EagleDrafter:
     """CORAL stage 2: load a trained drafter, attach a router over groups of the training data's
     token-frequency order, train only the router (drafter frozen) and save the drafter with it."""
@@ -90,13 +101,7 @@ def train_router(drafter_path: str, data_args: DataArguments, training_args) -> 
     order = frequency_order(assistant_token_counts(dataset, drafter.config.target_vocab_size))
     drafter.requires_grad_(False)
     drafter.add_router(order, training_args.router_num_groups, training_args.router_top_n).requires_grad_(True)
-    trainer = RouterTrainer(
-        model=drafter,
-        args=training_args,
-        train_dataset=dataset.with_format("numpy"),
-        data_collator=FeatureCollator(storage=storage, max_length=training_args.max_length,
-                                      pad_token_id=tokenizer.pad_token_id or 0),  # fmt: skip
-    )
+    trainer = _feature_trainer(RouterTrainer, drafter, training_args, dataset, storage, tokenizer)
     result = trainer.train()
     if trainer.is_world_process_zero():
         drafter.save_pretrained(training_args.output_dir)
@@ -120,13 +125,7 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
     target = target.float()  # the drafter trains in fp32 (bf16 autocast via --bf16) against the fp32 LM head
     drafter = drafter_class.from_target(target, name_or_path=data_args.target_model, num_layers=data_args.num_layers,
                                         training_method=method, **drafter_config)  # fmt: skip
-    trainer = trainer_class(
-        model=drafter,
-        args=training_args,
-        train_dataset=dataset.with_format("numpy"),
-        data_collator=FeatureCollator(storage=storage, max_length=training_args.max_length,
-                                      pad_token_id=tokenizer.pad_token_id or 0),  # fmt: skip
-    )
+    trainer = _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer)
     resume = training_args.resume_from_checkpoint
     if resume is None and os.path.isdir(training_args.output_dir):
         resume = get_last_checkpoint(training_args.output_dir)  # resume a killed run by default
