@@ -83,6 +83,27 @@ def test_training_and_inference_logits_agree(family):
         start = anchor + 1
 
 
+def test_shallow_tree_runs_only_the_masks_it_uses():
+    target = make_target("llama")
+    drafter = hf_spec.ParallelDrafter.from_target(target).eval()
+    with torch.no_grad():
+        drafter.mask_embedding.weight.normal_(0, 1.0)
+    ids = random_prompt(length=12, seed=5)
+    feats = _features(target, ids)
+    lengths = []
+    drafter.register_forward_hook(lambda module, args, kwargs, out: lengths.append(kwargs["input_ids"].shape[1]),
+                                  with_kwargs=True)  # fmt: skip
+    logq = {}
+    for depth in (5, 3):
+        session = drafter.new_drafting_session(target, drafter.tree_shape(depth=depth), do_sample=False)
+        with torch.no_grad():
+            logq[depth] = session.draft_distributions(feats[0, :8], ids[0, 1:9])
+        assert session.cache.get_seq_length() == 8
+    assert lengths == [8 + 4, 8 + 2]  # depth 3 needs [MASK]_1, [MASK]_2 only
+    assert logq[3].shape[0] == 3
+    torch.testing.assert_close(logq[3], logq[5][:3], atol=2e-5, rtol=1e-4)
+
+
 def test_static_tree_shape_and_candidates():
     logq = torch.log_softmax(torch.randn(5, 32), -1)
     tree = build_static_tree(7, logq, (4, 2, 2, 1, 1), sample=False)

@@ -152,20 +152,24 @@ class ParallelDraftingSession(EagleDraftingSession):
     """Drafting state of one generate() call: the drafter's KV cache of committed pairs.
 
     Each :meth:`propose` runs ONE drafter forward over the newly committed pairs (the last is
-    the root pair) followed by ``[MASK]_1..[MASK]_k``, builds the static tree from the k+1
-    distributions, and crops the masks' KV entries away again.
+    the root pair) followed by ``[MASK]_1..[MASK]_{D-1}`` for a tree of depth D <= k+1, builds
+    the static tree from the D distributions, and crops the masks' KV entries away again.
+    Masks deeper than the tree are not run: a mask attends only to the context and the
+    earlier masks, so dropping later ones changes no distribution the tree uses.
     """
 
     def __init__(self, drafter: ParallelDrafter, shape: StaticTreeShape, do_sample: bool, temperature: float):
         super().__init__(drafter, shape, do_sample, temperature)
+        self.num_masks = min(drafter.num_mask_tokens, shape.depth - 1)
+        """[MASK] positions run per cycle: the tree's depth - 1."""
         self.last_logq = None
-        """(k+1, V) draft log-probabilities of the last cycle (root pair, then each mask)."""
+        """(num_masks + 1, V) draft log-probabilities of the last cycle (root pair, then each mask)."""
 
     def draft_distributions(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
-        """Commit the pairs and return the (k+1, V) draft log-probabilities of the next depths."""
+        """Commit the pairs and return the (num_masks + 1, V) draft log-probabilities of the next depths."""
         start = time.perf_counter()
         device = features.device
-        m, k = features.shape[0], self.drafter.num_mask_tokens
+        m, k = features.shape[0], self.num_masks
         tokens = torch.cat([next_tokens.long(), torch.zeros(k, dtype=torch.long, device=device)])
         mask_ids = torch.cat([torch.zeros(m, dtype=torch.long, device=device),
                               torch.arange(1, k + 1, device=device)])  # fmt: skip
