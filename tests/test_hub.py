@@ -229,6 +229,13 @@ def test_card_renders_with_valid_front_matter(tmp_path, method, with_results):
         assert "model-index" not in meta and "not measured yet" in text
 
 
+def test_parallelspec_card_names_its_static_tree_widths():
+    drafter = hf_spec.ParallelDrafter.from_target(make_target(), tree_widths=[2, 1, 1])
+    text = cards.render_model_card(drafter.config)
+    assert "| default tree | static, widths 2/1/1 per depth (depth 3, 6 tokens) |" in text
+    assert "top-k" not in text.split("| default tree |")[1].splitlines()[0]
+
+
 def test_card_citations_match_the_papers():
     titles = {
         "hass": "Learning Harmonized Representations for Speculative Sampling",

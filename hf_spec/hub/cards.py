@@ -185,6 +185,7 @@ def card_context(config, *, bench_results=None, training_info: dict | None = Non
         "tree_depth": config.tree_depth,
         "tree_top_k": config.tree_top_k,
         "tree_total_tokens": config.tree_total_tokens,
+        "tree_widths": list(getattr(config, "tree_widths", None) or []),
         "license": training_info.get("license", "apache-2.0"),
         "datasets": list(datasets or []),
         "training_command": training_info.get("command"),
