@@ -143,6 +143,26 @@ def test_no_router_suffix_turns_a_coral_router_off(tiny_models):
     assert off.generate_kwargs["assistant_model"].router is not None
 
 
+def test_exit_suffix_runs_a_sorted_drafter_as_one_fixed_submodel(tiny_models, tmp_path):
+    import hf_spec
+
+    target = _tiny_llama(0)
+    target.config._name_or_path = "tiny"
+    drafter = hf_spec.SortedDrafter.from_source_model(target, num_layers=2, exits=[1, 2], targets=[target])
+    drafter.save_pretrained(tmp_path / "sorted")
+    adaptive = parse_method(f"hf_spec:{tmp_path / 'sorted'}", torch.float32)
+    fixed = parse_method(f"hf_spec:{tmp_path / 'sorted'}:exit=1", torch.float32)
+    assert fixed.info["fixed_exit"] == 1 and "fixed_exit" not in adaptive.info
+    assert fixed.generate_kwargs["assistant_model"].config.targets[0]["thresholds"] == [0.0, 0.0]
+    ids = torch.tensor([[1, 5, 9, 3]])
+    target.generate(ids, max_new_tokens=6, do_sample=False, **fixed.generate_kwargs)
+    assert fixed.stats()["exit_counts"][1] == 0 and fixed.stats()["exit_counts"][0] > 0
+    with pytest.raises(ValueError, match="exits"):
+        parse_method(f"hf_spec:{tmp_path / 'sorted'}:exit=3", torch.float32)
+    with pytest.raises(ValueError, match="sorted"):
+        parse_method(f"hf_spec:{tiny_models / 'drafter'}:exit=1", torch.float32)
+
+
 def test_unknown_method_is_a_clear_error():
     with pytest.raises(ValueError, match="Unknown method 'medusa'"):
         parse_method("medusa")

@@ -81,10 +81,56 @@ def test_thresholds_zero_and_above_one_are_the_smallest_and_full_submodels(thres
     exits = drafter.config.exits
     expected_exit = exit_index % len(exits)
     assert session.last_exits == [expected_exit] * 5
+    assert session.head_calls == 5  # exits that can never fire (threshold > 1) cost no LM head
     truncated = drafter.to_causal_lm(exits[expected_exit])
     assert truncated.config.num_hidden_layers == exits[expected_exit]
     greedy = plain_generate(truncated, prompt, max_new_tokens=5, do_sample=False)
     assert torch.equal(tree.tokens[1:], greedy[0, prompt.shape[1]:])
+
+
+@pytest.mark.parametrize("exit_index", [0, 1, 2])
+def test_use_fixed_exit_drafts_only_from_that_submodel(exit_index):
+    target, drafter = sorted_pair(thresholds=(0.5, 0.5, 0.0))
+    exit_layer = drafter.config.exits[exit_index]
+    drafter.use_fixed_exit(exit_layer)
+    assert drafter.config.targets[0]["thresholds"] == drafter.config.default_thresholds == drafter.thresholds
+    prompt = random_prompt(10)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=16, do_sample=False, tree_depth=3)
+    assert torch.equal(out, plain_generate(target, prompt, max_new_tokens=16, do_sample=False))
+    counts = drafter.last_exit_counts
+    assert counts[exit_index] > 0 and sum(counts) == counts[exit_index], counts
+    session = drafter.last_drafting_session
+    assert session.head_calls == sum(counts)
+    # the layers beyond the exit never run
+    assert session.done[exit_index + 1 :] == [0] * (len(counts) - exit_index - 1)
+
+
+def test_use_fixed_exit_rejects_a_layer_without_exit():
+    _, drafter = sorted_pair()
+    with pytest.raises(ValueError, match=r"one of this drafter's exits \[1, 2, 4\]"):
+        drafter.use_fixed_exit(3)
+
+
+@torch.no_grad()
+def test_teacher_labels_are_the_teachers_greedy_next_tokens():
+    from hf_spec.training.sorted_trainer import teacher_labels
+
+    target = make_target("llama", vocab_size=128)
+    rows = [{"input_ids": random_prompt(n, seed=n)[0].tolist(), "labels": []} for n in (7, 12, 4)]
+    labelled = teacher_labels(target, rows, batch_size=2)  # right-padded batches of unequal rows
+    for row, out in zip(rows, labelled):
+        ids = torch.tensor([row["input_ids"]])
+        greedy = target(ids).logits[0].argmax(-1)
+        assert out["input_ids"] == row["input_ids"]
+        assert out["labels"] == [-100] + greedy[:-1].tolist()
+
+
+def test_search_thresholds_default_grid_has_no_equivalent_candidates():
+    target, drafter = sorted_pair()
+    _, results = search_thresholds(drafter, target, [random_prompt(6, seed=2)], max_new_tokens=3, record=False)
+    candidates = [tuple(r["thresholds"]) for r in results]
+    assert len(candidates) == len(set(candidates)) == 1 + 4 * 5  # first exit 0.0 makes the rest unreachable
+    assert all(t[1:] == (0.0, 0.0) for t in candidates if t[0] == 0.0)
 
 
 def test_bad_target_vocab_raises_clear_error():

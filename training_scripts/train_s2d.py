@@ -14,6 +14,7 @@ checkpoint in ``--output_dir``.
 
 from __future__ import annotations
 
+import sys
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
@@ -22,17 +23,23 @@ from transformers.trainer_utils import get_last_checkpoint
 from hf_spec import PACKAGED_MODELS, SortedDrafter, load_packaged_model, packaged_model_path
 from hf_spec.bench.datasets import load_chitchat, load_sharegpt
 from hf_spec.drafters.sorted import target_entry
-from hf_spec.training.sorted_trainer import SortedTrainer, SortedTrainingConfig, pad_collator, tokenize_conversations
+from hf_spec.training.sorted_trainer import (
+    SortedTrainer,
+    SortedTrainingConfig,
+    pad_collator,
+    teacher_labels,
+    tokenize_conversations,
+)
 
 LOADERS = {"sharegpt": load_sharegpt, "chitchat": load_chitchat}
 
 
-def _load(name_or_path: str):
+def _load(name_or_path: str, dtype: torch.dtype = torch.float32):
     if name_or_path in PACKAGED_MODELS:
-        model, tokenizer = load_packaged_model(name_or_path, dtype=torch.float32)
+        model, tokenizer = load_packaged_model(name_or_path, dtype=dtype)
         model.config._name_or_path = name_or_path
         return model, tokenizer
-    return AutoModelForCausalLM.from_pretrained(name_or_path), AutoTokenizer.from_pretrained(name_or_path)
+    return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype), AutoTokenizer.from_pretrained(name_or_path)
 
 
 def _target_config(name_or_path: str):
@@ -50,6 +57,12 @@ def main(argv=None):
     parser.add_argument("--dataset", choices=sorted(LOADERS), default="sharegpt")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N conversations")
     parser.add_argument("--targets", nargs="*", default=[], help="targets served (packaged names or paths)")
+    parser.add_argument("--distill_from", default=None,
+                        help="label every position with this model's greedy next token (teacher-forced "
+                             "self-distillation) instead of the data's own next token; e.g. the source model")
+    parser.add_argument("--teacher_dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--freeze_embeddings", action="store_true",
+                        help="keep the input embedding and LM head fixed (train layers + final norm only)")  # fmt: skip
     training_args, extra = parser.parse_args_into_dataclasses(args=argv)  # extra: the script's own options
     source, tokenizer = _load(extra.source_model)
     drafter = SortedDrafter.from_source_model(source, num_layers=extra.num_layers, exits=extra.exits,
@@ -58,12 +71,20 @@ def main(argv=None):
         drafter.config.targets.append(target_entry(_target_config(name), drafter.config.default_thresholds, name))
     del source
     rows = tokenize_conversations(tokenizer, LOADERS[extra.dataset](limit=extra.limit), training_args.max_length)
+    if extra.distill_from:
+        teacher = _load(extra.distill_from, getattr(torch, extra.teacher_dtype))[0].eval()
+        rows = teacher_labels(teacher, rows)
+        del teacher
+    if extra.freeze_embeddings:
+        drafter.get_input_embeddings().weight.requires_grad_(False)
+        drafter.get_output_embeddings().weight.requires_grad_(False)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     trainer = SortedTrainer(model=drafter.train(), args=training_args, train_dataset=rows, data_collator=pad_collator(pad))
     last = get_last_checkpoint(training_args.output_dir) if training_args.output_dir else None
     trainer.train(resume_from_checkpoint=last)
-    drafter.eval().save_pretrained(training_args.output_dir,
-                                   training_info={"datasets": [extra.dataset], "command": "training_scripts/train_s2d.py"})  # fmt: skip
+    info = {"datasets": [extra.dataset], "command": "training_scripts/train_s2d.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "distilled_from": extra.distill_from, "frozen_embeddings": extra.freeze_embeddings}  # fmt: skip
+    drafter.eval().save_pretrained(training_args.output_dir, training_info=info)
     tokenizer.save_pretrained(training_args.output_dir)
 
 

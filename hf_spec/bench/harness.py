@@ -9,7 +9,8 @@ Methods (strings, as on the command line):
   same-tokenizer assistant model.
 - ``hf_spec:<path>``: an hf_spec drafter, ``target.generate(ids, assistant_model=drafter)``;
   ``hf_spec:<path>:no_router`` runs a CORAL drafter with its LM-head router off
-  (``use_router=False``).
+  (``use_router=False``); ``hf_spec:<path>:exit=N`` runs a sorted (S2D) drafter as the fixed
+  sub-model of its first N layers (N one of its exits) instead of adaptive early exit.
 
 τ (mean tokens per target forward) is measured the same way for every method, by counting
 the target's forward calls with a forward pre-hook: a first forward that sees only the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import shlex
 import sys
 import time
@@ -130,9 +132,17 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
     import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
     from transformers import AutoModel
 
-    no_router = path.endswith(":no_router")
-    path = path.removesuffix(":no_router")
+    options_text = []
+    while ":" in path and re.fullmatch(r"no_router|exit=\d+", path.rsplit(":", 1)[1]):
+        path, option = path.rsplit(":", 1)
+        options_text.append(option)
+    no_router = "no_router" in options_text
     drafter = AutoModel.from_pretrained(path, dtype=dtype).eval()
+    fixed_exit = next((int(o.split("=")[1]) for o in options_text if o.startswith("exit=")), None)
+    if fixed_exit is not None:
+        if not hasattr(drafter, "use_fixed_exit"):
+            raise ValueError(f"{name}: ':exit=N' needs a sorted (S2D) drafter, {path} holds a {type(drafter).__name__}")
+        drafter.use_fixed_exit(fixed_exit)
 
     def stats() -> dict[str, Any]:
         s = drafter.last_generation_stats
@@ -147,7 +157,16 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
 
     tree = {k: v for k, v in (tree or {}).items() if v is not None}
     options = {"use_router": False} if no_router else {}
-    return Method(name, {"assistant_model": drafter, **tree, **options}, stats, {"drafter": path, **tree, **options})
+    info = {"drafter": path, **tree, **options}
+    if fixed_exit is not None:
+        info["fixed_exit"] = fixed_exit
+    if hasattr(drafter, "last_exit_counts"):
+
+        def stats_with_exits() -> dict[str, Any]:
+            return {**stats(), "exit_counts": list(drafter.last_exit_counts or [])}
+
+        return Method(name, {"assistant_model": drafter, **tree, **options}, stats_with_exits, info)
+    return Method(name, {"assistant_model": drafter, **tree, **options}, stats, info)
 
 
 def parse_method(spec: str, dtype: torch.dtype = torch.bfloat16, tokenizer=None, tree: dict | None = None) -> Method:

@@ -22,7 +22,9 @@ tied to the embedding) holds about as many weights as 9 of its decoder layers (a
 costs ~9 layers of head on top of the layers: an exit at layer 4 saves 4 layers when it
 fires and costs a head when it does not. Early exits pay off only for targets where they
 fire often; :func:`search_thresholds` measures this per target, and thresholds above 1
-(always the full 8-layer sub-model) are among its candidates.
+(always the full 8-layer sub-model) are among its candidates. An exit whose threshold is
+above 1 can never fire, so its head is skipped: thresholds ``[2, 2, 0]`` cost exactly the
+8-layer sub-model, ``[0, 0, 0]`` exactly the 4-layer one (:meth:`SortedDrafter.use_fixed_exit`).
 
 KV-cache scheme (lazy catch-up). Exits split the layers into segments. The session keeps
 one KV cache for all layers, and for every segment ``s`` > 0 the count ``done[s]`` of
@@ -333,6 +335,26 @@ class SortedDrafter(SpecDrafterModel):
             raise ValueError(f"Need one threshold per exit {self.config.exits}, got {thresholds}.")
         self.thresholds = thresholds
 
+    def fixed_exit_thresholds(self, exit_layer: int) -> list[float]:
+        """Thresholds that always draft from the sub-model of the first ``exit_layer`` layers.
+
+        Earlier exits get 2.0 (never fire; their LM head is not even computed), ``exit_layer``'s
+        exit gets 0.0 (always fires); later exits are never reached.
+        """
+        exits = list(self.config.exits)
+        if exit_layer not in exits:
+            raise ValueError(f"exit_layer must be one of this drafter's exits {exits}, got {exit_layer}.")
+        i = exits.index(exit_layer)
+        return [2.0] * i + [0.0] * (len(exits) - i)
+
+    def use_fixed_exit(self, exit_layer: int) -> None:
+        """Make every target (listed or not) draft from the ``exit_layer`` sub-model only (a fixed-exit baseline)."""
+        thresholds = self.fixed_exit_thresholds(exit_layer)
+        for entry in self.config.targets:
+            entry["thresholds"] = list(thresholds)
+        self.config.default_thresholds = list(thresholds)
+        self.set_thresholds(thresholds)
+
     @property
     def segments(self) -> list[tuple[int, int]]:
         """Layer ranges [start, end) between consecutive exits."""
@@ -481,6 +503,8 @@ class SortedDraftingSession:
         for s in range(last + 1):
             if s > 0:
                 hidden = self._deepen(s)
+            if s < last and self.thresholds[s] > 1.0:
+                continue  # a confidence never exceeds 1: skip this exit's LM head (fixed deeper sub-model)
             logits = self.drafter.exit_logits(hidden).float()
             self.head_calls += 1
             if s == last:
@@ -567,7 +591,7 @@ def search_thresholds(
       the target's non-embedding parameters.
 
     ``candidates`` default: every combination of (0.0, 0.6, 0.8, 0.95, 1.01) over the non-final
-    exits. Returns ``(best_thresholds, results)``, results a list of dicts sorted best first.
+    exits, without duplicates (after a 0.0 the later thresholds are never reached). Returns ``(best_thresholds, results)``, results a list of dicts sorted best first.
     ``record``: store the best in ``drafter.config.targets`` and make them active.
     """
     if metric not in ("proxy", "tokens_per_second"):
@@ -575,7 +599,13 @@ def search_thresholds(
     num_exits = len(drafter.config.exits)
     if candidates is None:
         grid = (0.0, 0.6, 0.8, 0.95, 1.01)
-        candidates = [list(c) + [0.0] for c in itertools.product(grid, repeat=num_exits - 1)]
+        candidates = []
+        for combo in itertools.product(grid, repeat=num_exits - 1):
+            combo = list(combo) + [0.0]
+            first_zero = combo.index(0.0)
+            combo = combo[: first_zero + 1] + [0.0] * (num_exits - first_zero - 1)
+            if combo not in candidates:
+                candidates.append(combo)
     if not drafter.is_bound_to(target):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

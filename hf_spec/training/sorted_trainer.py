@@ -74,3 +74,31 @@ def pad_collator(pad_token_id: int):
         return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
     return collate
+
+
+@torch.no_grad()
+def teacher_labels(teacher, rows: list[dict], batch_size: int = 4) -> list[dict]:
+    """Replace each row's labels by ``teacher``'s greedy next token at every position (self-distillation).
+
+    Teacher-forced on the row's own text: position t is labelled with the teacher's argmax after
+    ``input_ids[: t + 1]`` (stored at ``labels[t + 1]``, the causal-LM convention
+    :func:`sorted_loss` reads), so the drafter learns the target's greedy choice, which is
+    what greedy speculative decoding accepts. ``labels[0]`` is -100.
+    """
+    out = []
+    for begin in range(0, len(rows), batch_size):
+        chunk = rows[begin : begin + batch_size]
+        length = max(len(r["input_ids"]) for r in chunk)
+        ids = torch.zeros((len(chunk), length), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(chunk):
+            ids[i, : len(r["input_ids"])] = torch.as_tensor(r["input_ids"])
+            mask[i, : len(r["input_ids"])] = 1
+        device = next(teacher.parameters()).device
+        logits = teacher(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        greedy = logits.argmax(-1).cpu()
+        for i, r in enumerate(chunk):
+            n = len(r["input_ids"])
+            out.append({"input_ids": list(r["input_ids"]), "labels": [-100] + greedy[i, : n - 1].tolist()})
+    return out
+
