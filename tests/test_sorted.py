@@ -133,6 +133,14 @@ def test_search_thresholds_default_grid_has_no_equivalent_candidates():
     assert all(t[1:] == (0.0, 0.0) for t in candidates if t[0] == 0.0)
 
 
+def test_threshold_grid_drops_unreachable_duplicates():
+    from hf_spec.drafters.sorted import threshold_grid
+
+    grid = threshold_grid([0.0, 0.9, 2.0], 3)
+    assert grid[0] == [0.0, 0.0, 0.0] and len(grid) == 1 + 2 * 3
+    assert [0.9, 2.0, 0.0] in grid and all(g[-1] == 0.0 for g in grid)
+
+
 def test_bad_target_vocab_raises_clear_error():
     _, drafter = sorted_pair()
     other = make_target("llama", vocab_size=96)

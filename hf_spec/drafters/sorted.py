@@ -568,6 +568,19 @@ def _param_count(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def threshold_grid(values, num_exits: int) -> list[list[float]]:
+    """Every combination of ``values`` over the non-final exits (the last gets 0.0), without
+    equivalent duplicates: exits after one with threshold <= 0 are never reached, so theirs are set to 0.0."""
+    out = []
+    for combo in itertools.product([float(v) for v in values], repeat=num_exits - 1):
+        combo = list(combo) + [0.0]
+        first = next(i for i, t in enumerate(combo) if t <= 0.0)
+        combo = combo[: first + 1] + [0.0] * (num_exits - first - 1)
+        if combo not in out:
+            out.append(combo)
+    return out
+
+
 @torch.no_grad()
 def search_thresholds(
     drafter: SortedDrafter,
@@ -599,13 +612,7 @@ def search_thresholds(
     num_exits = len(drafter.config.exits)
     if candidates is None:
         grid = (0.0, 0.6, 0.8, 0.95, 1.01)
-        candidates = []
-        for combo in itertools.product(grid, repeat=num_exits - 1):
-            combo = list(combo) + [0.0]
-            first_zero = combo.index(0.0)
-            combo = combo[: first_zero + 1] + [0.0] * (num_exits - first_zero - 1)
-            if combo not in candidates:
-                candidates.append(combo)
+        candidates = threshold_grid(grid, num_exits)
     if not drafter.is_bound_to(target):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
