@@ -24,16 +24,7 @@ import time
 import torch
 
 import hf_spec
-from hf_spec.bench.datasets import load_gsm8k, load_humaneval, load_mt_bench
-
-
-def prompts(tokenizer, per_set: int) -> list[torch.Tensor]:
-    out = []
-    for loader in (load_mt_bench, load_humaneval, load_gsm8k):
-        for record in loader()[:per_set]:
-            text = tokenizer.apply_chat_template(record["messages"], tokenize=False, add_generation_prompt=True)
-            out.append(tokenizer(text, return_tensors="pt").input_ids)
-    return out
+from hf_spec.bench.datasets import bench_prompt_ids
 
 
 def main() -> None:
@@ -58,7 +49,7 @@ def main() -> None:
     else:
         drafter = hf_spec.EagleDrafter.from_target(target, name_or_path=args.target).to(dtype)
         drafter.add_router(torch.arange(target.config.vocab_size), args.num_groups, args.top_n)
-    inputs = prompts(tokenizer, args.per_set)
+    inputs = bench_prompt_ids(tokenizer, args.per_set)
     target.generate(inputs[0], assistant_model=drafter, max_new_tokens=4, do_sample=False)  # warm-up
 
     results = []

@@ -27,19 +27,10 @@ import time
 import torch
 
 import hf_spec
-from hf_spec.bench.datasets import load_gsm8k, load_humaneval, load_mt_bench
+from hf_spec.bench.datasets import bench_prompt_ids
 from hf_spec.cache import crop_to
 from hf_spec.training.data import target_features
 from hf_spec.tree.static import StaticTreeShape, static_tree_size
-
-
-def prompts(tokenizer, per_set: int) -> list[torch.Tensor]:
-    out = []
-    for loader in (load_mt_bench, load_humaneval, load_gsm8k):
-        for record in loader()[:per_set]:
-            text = tokenizer.apply_chat_template(record["messages"], tokenize=False, add_generation_prompt=True)
-            out.append(tokenizer(text, return_tensors="pt").input_ids)
-    return out
 
 
 def static_shape(widths) -> StaticTreeShape:
@@ -93,7 +84,7 @@ def main() -> None:
     target, tokenizer = hf_spec.load_packaged_model(args.target, dtype=dtype)
     hass = hf_spec.EagleDrafter.from_pretrained(args.hass, dtype=dtype).bind(target).eval()
     pspec = hf_spec.ParallelDrafter.from_pretrained(args.parallelspec, dtype=dtype).bind(target).eval()
-    inputs = prompts(tokenizer, args.per_set)
+    inputs = bench_prompt_ids(tokenizer, args.per_set)
 
     propose_rows = []
     for i, pair in enumerate(args.trees.split(";")):

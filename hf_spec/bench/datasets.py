@@ -39,6 +39,7 @@ __all__ = [
     "load_sharegpt",
     "load_chitchat",
     "render_prompt",
+    "bench_prompt_ids",
 ]
 
 Record = dict[str, Any]
@@ -175,3 +176,14 @@ def render_prompt(tokenizer, record: Record) -> list[int]:
         out = tokenizer.apply_chat_template(record["messages"], add_generation_prompt=True, tokenize=True, return_dict=True)
         return list(out["input_ids"])
     return tokenizer(record["turns"][0])["input_ids"]
+
+
+def bench_prompt_ids(tokenizer, per_set: int) -> list:
+    """The first ``per_set`` prompts of each benchmark data set as (1, n) id tensors (chat-templated)."""
+    import torch
+
+    return [
+        torch.tensor([render_prompt(tokenizer, record)])
+        for loader in BENCH_DATASETS.values()
+        for record in loader()[:per_set]
+    ]
