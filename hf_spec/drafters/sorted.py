@@ -17,7 +17,7 @@ paper keeps 12 of Vicuna-7B's 32 layers (3/8) with exits at 1/2, 3/4 and all of 
 (6/9/12). One third of the 0.5B (8 layers) keeps the drafter's *layers* at about 1/10 of
 the Qwen-1.5B target's per-token cost, and 4/6/8 are the same 1/2, 3/4, 1 split. One
 difference from Vicuna matters for choosing thresholds: Qwen's LM head (151936 x 896,
-tied to the embedding) holds about as many weights as 9 of its decoder layers (a layer is
+in the packaged checkpoint a separate matrix, not tied to the embedding) holds about as many weights as 9 of its decoder layers (a layer is
 ~14.9 M), while Vicuna's head is smaller than one of its layers. So every exit *tried*
 costs ~9 layers of head on top of the layers: an exit at layer 4 saves 4 layers when it
 fires and costs a head when it does not. Early exits pay off only for targets where they
