@@ -42,6 +42,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--datasets", nargs="+", default=list(BENCH_DATASETS), choices=list(BENCH_DATASETS))
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each data set")
+    p.add_argument("--skip", type=int, default=0, help="leave out the first N prompts of each data set (held-out runs)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
@@ -66,14 +67,14 @@ def _run_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"{args.target} has no tokenizer; the bench command needs one to render prompts")
     tree = {"tree_depth": args.tree_depth, "tree_top_k": args.tree_top_k, "tree_total_tokens": args.tree_total_tokens}
     methods = [parse_method(m, dtype, tokenizer, tree) for m in method_names]
-    prompts = build_prompts(tokenizer, args.datasets, args.limit)
+    prompts = build_prompts(tokenizer, args.datasets, args.limit, args.skip)
     settings = BenchSettings(max_new_tokens=args.max_new_tokens)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     load_before = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     rows = run_benchmark(model, prompts, methods, settings, tokenizer)
     summary = summarize(rows, method_names)
     metadata = run_metadata(
-        settings, dtype, command=shlex.join(["hf-spec", *args.argv]), target=args.target, methods=method_names, datasets=args.datasets, limit=args.limit,
+        settings, dtype, command=shlex.join(["hf-spec", *args.argv]), target=args.target, methods=method_names, datasets=args.datasets, limit=args.limit, skip=args.skip,
         method_info={m.name: m.info for m in methods}, started=started, load_average_before=load_before,
     )
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")

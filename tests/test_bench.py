@@ -174,3 +174,19 @@ def test_cli_parses_bench_and_install_models():
     assert args.limit == 2 and args.max_new_tokens == 128 and args.dtype == "float32"
     args = parser.parse_args(["install-models", "--all"])
     assert args.all and args.names == []
+
+
+def test_skip_leaves_out_the_first_prompts_of_each_set():
+    from hf_spec.bench import harness
+    from hf_spec.bench.datasets import BENCH_DATASETS
+
+    class OneTokenTemplate:  # a tokenizer stand-in: every prompt renders to one token
+        chat_template = "stub"
+
+        def apply_chat_template(self, messages, **kwargs):
+            return {"input_ids": [1]}
+
+    for name in BENCH_DATASETS:
+        first = harness.build_prompts(OneTokenTemplate(), [name], limit=5)[name]
+        held_out = harness.build_prompts(OneTokenTemplate(), [name], limit=2, skip=3)[name]
+        assert [p["id"] for p in held_out] == [p["id"] for p in first[3:5]]

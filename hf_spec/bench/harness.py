@@ -201,8 +201,9 @@ def parse_method(spec: str, dtype: torch.dtype = torch.bfloat16, tokenizer=None,
     )
 
 
-def build_prompts(tokenizer, datasets: Sequence[str], limit: int | None = None) -> dict[str, list[dict]]:
-    """Render each data set's first turns with the tokenizer's chat template.
+def build_prompts(tokenizer, datasets: Sequence[str], limit: int | None = None, skip: int = 0) -> dict[str, list[dict]]:
+    """Render each data set's first turns with the tokenizer's chat template: ``limit`` prompts of
+    each set after its first ``skip`` (``skip`` > 0 measures on prompts that tuning never saw).
 
     Returns ``{dataset: [{"id", "input_ids"}, ...]}``, the harness's input format
     (pre-tokenized prompts can be passed to :func:`run_benchmark` directly).
@@ -213,7 +214,7 @@ def build_prompts(tokenizer, datasets: Sequence[str], limit: int | None = None) 
     for name in datasets:
         if name not in BENCH_DATASETS:
             raise ValueError(f"Unknown data set {name!r}; known: {sorted(BENCH_DATASETS)}")
-        records = BENCH_DATASETS[name]()[:limit]
+        records = BENCH_DATASETS[name]()[skip:][:limit]
         prompts[name] = [{"id": r["id"], "input_ids": render_prompt(tokenizer, r)} for r in records]
     return prompts
 

@@ -283,7 +283,8 @@ def load_feature_cache(path: str):
     from datasets import concatenate_datasets, load_from_disk
 
     meta = json.loads(Path(path, _META_FILE).read_text())
-    shards = sorted(p for p in Path(path).iterdir() if p.name.startswith("shard-"))
+    # a shard counts once written completely (a running or killed writer may leave a partial one)
+    shards = sorted(p for p in Path(path).iterdir() if p.name.startswith("shard-") and (p / "dataset_info.json").exists())
     if not shards:
         raise FileNotFoundError(f"No feature shards in {path}; build them with `python -m hf_spec.training.data features`.")
     dataset = concatenate_datasets([load_from_disk(str(p)) for p in shards])

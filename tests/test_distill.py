@@ -1,0 +1,55 @@
+"""Self-distillation that keeps the target's features (hf_spec.training.distill)."""
+
+import json
+
+import torch
+from conftest import make_target
+from test_training import _conversations, tiny_chat_tokenizer
+
+from hf_spec.training.data import features_from_storage, load_feature_cache
+from hf_spec.training.distill import distill_features, first_turn_prompts, greedy_with_features
+
+
+def _stop_ids(target, tok):
+    return {tok.convert_tokens_to_ids("<|im_end|>")}
+
+
+def test_batched_greedy_with_features_equals_plain_generate_and_a_full_forward():
+    target, tok = make_target("llama", vocab_size=64, logit_scale=3.0), tiny_chat_tokenizer()
+    prompts = [p["prompt_ids"] for p in first_turn_prompts(tok, _conversations(5, seed=3), 64)]
+    assert len({len(p) for p in prompts}) > 1  # left padding really happens
+    stop = _stop_ids(target, tok)
+    results = greedy_with_features(target, prompts, max_new_tokens=7, stop_ids=stop, pad_id=tok.pad_token_id)
+    for prompt, (answer, features) in zip(prompts, results):
+        ids = torch.tensor([prompt])
+        plain = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=7, do_sample=False,
+                                eos_token_id=sorted(stop), pad_token_id=tok.pad_token_id)[0, len(prompt):].tolist()
+        assert answer == plain[: len(answer)] and (len(answer) == 7 or answer[-1] in stop)
+        full = target.base_model(torch.tensor([prompt + answer])).last_hidden_state[0]
+        assert features.shape == full.shape  # prompt + every generated token, the last one included
+        torch.testing.assert_close(features, full, atol=1e-5, rtol=1e-4)
+
+
+def test_distillation_writes_a_resumable_feature_cache(tmp_path):
+    target, tok = make_target("llama", vocab_size=64, logit_scale=3.0), tiny_chat_tokenizer()
+    conversations = _conversations(10, seed=4)
+    out = str(tmp_path / "cache")
+    distill_features(target, tok, conversations, out, max_new_tokens=5, max_prompt_tokens=64, batch_size=3,
+                     shard_examples=4, limit=6)
+    dataset, storage = load_feature_cache(out)
+    meta = json.loads((tmp_path / "cache" / "hf_spec_features.json").read_text())
+    assert len(dataset) == meta["num_examples"] == 6 and storage == "bfloat16"
+    row = dataset[0]
+    assert len(row["input_ids"]) == len(row["loss_mask"]) == len(row["hidden_states"])
+    assert sum(row["loss_mask"]) >= 1 and row["loss_mask"][0] == 0  # answer tokens only
+    features = features_from_storage(row["hidden_states"], storage).float()
+    full = target.base_model(torch.tensor([row["input_ids"]])).last_hidden_state[0]
+    torch.testing.assert_close(features, full, atol=0.05, rtol=0.02)  # bf16 storage
+    # a second run finds every shard written and redoes nothing
+    first = sorted(p.stat().st_mtime_ns for p in (tmp_path / "cache").glob("shard-*/*.arrow"))
+    distill_features(target, tok, conversations, out, max_new_tokens=5, max_prompt_tokens=64, batch_size=3,
+                     shard_examples=4, limit=6)
+    assert sorted(p.stat().st_mtime_ns for p in (tmp_path / "cache").glob("shard-*/*.arrow")) == first
+    # a shard left half-written by a killed run is not read
+    (tmp_path / "cache" / "shard-00009").mkdir()
+    assert len(load_feature_cache(out)[0]) == 6
