@@ -1,4 +1,4 @@
-"""``hf-spec`` console command: ``demo``, ``bench``, ``install-models`` (``train`` to come)."""
+"""``hf-spec`` console command: ``demo``, ``bench``, ``tune``, ``install-models`` (``train`` to come)."""
 
 from __future__ import annotations
 
@@ -101,10 +101,86 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_tune(p: argparse.ArgumentParser) -> None:
+    from .bench.harness import DTYPES
+    from .resources import DEFAULT_MODEL
+    from .tune import TuneGrid
+
+    grid = TuneGrid()
+    p.add_argument("--target", default=DEFAULT_MODEL, help="packaged model name or local model directory")
+    p.add_argument("--drafter", required=True, help="local directory of a dynamic-tree drafter (EAGLE / HASS / CORAL)")
+    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda (tune on the hardware you serve on)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--prompts", type=int, default=2, help="held-aside prompts per data set (MT-bench, HumanEval, GSM8K)")
+    p.add_argument("--skip-prompts", type=int, default=3, help="skip the first M prompts of each set (the official bench's)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--depths", type=int, nargs="+", default=list(grid.depths))
+    p.add_argument("--top-ks", type=int, nargs="+", default=list(grid.top_ks))
+    p.add_argument("--totals", type=int, nargs="+", default=list(grid.totals), help="candidate tree_total_tokens (<= 64)")
+    p.add_argument("--confirm", type=int, default=grid.confirm, help="best predicted shapes confirmed by timed generation")
+    p.add_argument("--repeats", type=int, default=grid.confirm_repeats, help="interleaved confirmation rounds")
+    p.add_argument("--quick", action="store_true", help="a tiny grid for a smoke test (overrides the grid options)")
+    p.add_argument("--write", action="store_true", help="store the winning shape in the drafter's config.json")
+    p.add_argument("--output", default=None, help="JSON report path (default: results/tune-<drafter>-<UTC time>.json)")
+
+
+def _run_tune(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from .bench.datasets import bench_prompt_ids
+    from .bench.harness import DTYPES, load_model
+    from .tune import QUICK_GRID, TuneGrid, default_output, format_table, machine_description, now_utc, tune, write_tree_shape
+
+    import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
+    from transformers import AutoModel
+
+    dtype, device = DTYPES[args.dtype], torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not os.path.isfile(os.path.join(args.drafter, "config.json")):
+        raise SystemExit(f"--drafter {args.drafter!r} is not a saved drafter directory (no config.json)")
+    grid = QUICK_GRID if args.quick else TuneGrid(depths=args.depths, top_ks=args.top_ks, totals=args.totals,
+                                                  confirm=args.confirm, confirm_repeats=args.repeats)  # fmt: skip
+    model, tokenizer = load_model(args.target, dtype)
+    if tokenizer is None:
+        raise SystemExit(f"{args.target} has no tokenizer; tune renders the held-aside bench prompts with it")
+    model = model.to(device)
+    drafter = AutoModel.from_pretrained(args.drafter, dtype=dtype).eval().bind(model)
+    prompts = bench_prompt_ids(tokenizer, 1 if args.quick else args.prompts, skip=args.skip_prompts)
+    started = now_utc()
+    report = tune(model, drafter, prompts, 16 if args.quick else args.max_new_tokens, grid)
+    best = report["best"]["shape"]
+    machine = machine_description(device, dtype)
+    tuned_for = {"machine": machine.get("gpu") or machine["cpu"], "device": str(device), "dtype": args.dtype,
+                 "threads": torch.get_num_threads(), "torch": machine["torch"], "date": now_utc(),
+                 "tokens_per_s": round(report["best"]["measured"]["tokens_per_s"], 2)}  # fmt: skip
+    report = {"command": shlex.join(["hf-spec", *args.argv]), "started": started, "date": now_utc(),
+              "target": args.target, "drafter": args.drafter, "dtype": args.dtype, "device": str(device),
+              "torch_threads": torch.get_num_threads(), "machine": machine,
+              "prompts": {"per_set": len(prompts) // 3, "skipped_per_set": args.skip_prompts, "count": len(prompts)},
+              "max_new_tokens": 16 if args.quick else args.max_new_tokens, **report}  # fmt: skip
+    print(format_table(report))
+    print(f"best: tree_depth={best['depth']} tree_top_k={best['top_k']} tree_total_tokens={best['total_tokens']}")
+    out = Path(args.output or default_output(args.drafter))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print("wrote", out)
+    if args.write:
+        from .tree.dynamic import TreeShape
+
+        print("updated", write_tree_shape(args.drafter, TreeShape(**best), {**tuned_for, "report": str(out)}))
+    return 0
+
+
 COMMANDS: list[tuple[str, str, Callable, Callable]] = [
     ("bench", "speed / τ benchmark of decoding methods on MT-bench, HumanEval, GSM8K", _add_bench, _run_bench),
     ("install-models", "pip-install the pinned model and data-set packages (--no-deps)", _add_install_models, _run_install_models),
     ("demo", "answer a prompt with plain greedy and with the best shipped drafter; compare text and speed", _add_demo, _run_demo),
+    ("tune", "measure this machine and pick the draft-tree shape with the best tokens/s (--write stores it)", _add_tune, _run_tune),
     # ("train", ...): added by its owner.
 ]
 

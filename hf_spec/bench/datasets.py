@@ -178,12 +178,13 @@ def render_prompt(tokenizer, record: Record) -> list[int]:
     return tokenizer(record["turns"][0])["input_ids"]
 
 
-def bench_prompt_ids(tokenizer, per_set: int) -> list:
-    """The first ``per_set`` prompts of each benchmark data set as (1, n) id tensors (chat-templated)."""
+def bench_prompt_ids(tokenizer, per_set: int, skip: int = 0) -> list:
+    """``per_set`` prompts of each benchmark data set as (1, n) id tensors (chat-templated),
+    after skipping the first ``skip`` of each set (held-aside prompts for tuning)."""
     import torch
 
     return [
         torch.tensor([render_prompt(tokenizer, record)])
         for loader in BENCH_DATASETS.values()
-        for record in loader()[:per_set]
+        for record in loader()[skip : skip + per_set]
     ]
