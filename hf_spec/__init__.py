@@ -10,6 +10,8 @@ from transformers import AutoConfig, AutoModel
 from .drafters import (
     EagleDrafter,
     EagleDrafterConfig,
+    NGramDrafter,
+    NGramDrafterConfig,
     ParallelDrafter,
     ParallelDrafterConfig,
     SortedDrafter,
@@ -40,6 +42,8 @@ install()
 __all__ = [
     "EagleDrafter",
     "EagleDrafterConfig",
+    "NGramDrafter",
+    "NGramDrafterConfig",
     "SortedDrafter",
     "SortedDrafterConfig",
     "ParallelDrafter",

@@ -24,6 +24,14 @@ candidates: expansion decisions are taken before u's candidates are drawn, and i
 mode every expanded node is pinned in the final tree (see
 :func:`hf_spec.tree.dynamic.grow_dynamic_tree`), so it holds. A node that is not expanded
 simply samples p_u. Hence every emitted token has exactly the target's distribution.
+
+Point-mass drafts (``draft_probs is None`` in sampling mode): a drafter whose candidates are
+a deterministic function of the committed text (e.g. :mod:`hf_spec.drafters.ngram`) drew
+each c_i from q_i = delta(c_i). The same step then accepts c_i with probability p_i(c_i) and
+on rejection leaves p_{i+1} = norm(max(p_i - delta(c_i), 0)) = p_i with c_i removed; the lemma
+holds for any q_i, so the emitted token still follows p_u. (Equivalently: the walk emits a
+draw x ~ p_u and follows x's child if x is a candidate, the best acceptance any lossless
+scheme can get from fixed candidates.)
 """
 
 from __future__ import annotations
@@ -115,9 +123,9 @@ def walk_tree(
         else:
             probs = torch.softmax(scores.float(), dim=-1)
             if slot >= 0:
-                token, child = _rejection_sample(
-                    probs, tree.draft_probs[slot].float(), tree.candidate_tokens[slot], tree.candidate_nodes[slot], generator
-                )
+                q = tree.draft_probs[slot].float() if tree.draft_probs is not None else None  # None: point masses
+                token, child = _rejection_sample(probs, q, tree.candidate_tokens[slot], tree.candidate_nodes[slot],
+                                                 generator)  # fmt: skip
             else:
                 token, child = int(torch.multinomial(probs, 1, generator=generator)), -1
         result.tokens.append(token)
@@ -130,8 +138,23 @@ def walk_tree(
 def _rejection_sample(p, q, candidates, candidate_nodes, generator):
     """Recursive rejection sampling without replacement over one node's candidates.
 
+    ``q`` None: every candidate is a point-mass draft (q_i = delta(c_i), see the module docstring).
     Returns (emitted token, tree node of the accepted candidate or -1).
     """
+    if q is None:
+        for i in range(candidates.shape[0]):
+            token = int(candidates[i])
+            if token < 0:
+                break
+            if float(torch.rand((), generator=generator, device=p.device)) < float(p[token]):
+                return token, int(candidate_nodes[i])
+            residual = p.clone()
+            residual[token] = 0.0
+            total = float(residual.sum())
+            if total <= 0.0:
+                break
+            p = residual / total
+        return int(torch.multinomial(p, 1, generator=generator)), -1
     q = q.clone()
     for i in range(candidates.shape[0]):
         token = int(candidates[i])

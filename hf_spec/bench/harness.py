@@ -11,6 +11,10 @@ Methods (strings, as on the command line):
   ``hf_spec:<path>:no_router`` runs a CORAL drafter with its LM-head router off
   (``use_router=False``); ``hf_spec:<path>:exit=N`` runs a sorted (S2D) drafter as the fixed
   sub-model of its first N layers (N one of its exits) instead of adaptive early exit.
+- ``hf_spec:ngram`` or ``hf_spec:ngram:key=value:...``: the weightless context n-gram
+  tree drafter (:class:`hf_spec.NGramDrafter`); keys: ``depth`` (max_depth), ``tokens``
+  (num_draft_tokens), ``branches`` (max_branches), ``max_match``, ``min_match``,
+  ``occurrences`` (max_occurrences), e.g. ``hf_spec:ngram:depth=8:tokens=16``.
 
 τ (mean tokens per target forward) is measured the same way for every method, by counting
 the target's forward calls with a forward pre-hook: a first forward that sees only the
@@ -128,6 +132,24 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.bfloat16):
     return model, tokenizer
 
 
+NGRAM_OPTIONS = {"depth": "max_depth", "tokens": "num_draft_tokens", "branches": "max_branches",
+                 "max_match": "max_match", "min_match": "min_match", "occurrences": "max_occurrences"}  # fmt: skip
+"""``hf_spec:ngram:key=value`` option keys -> :class:`hf_spec.NGramDrafterConfig` arguments."""
+
+
+def _ngram_drafter(spec: str, name: str):
+    """An :class:`hf_spec.NGramDrafter` from ``ngram[:key=value]...``."""
+    import hf_spec
+
+    options = {}
+    for option in spec.split(":")[1:]:
+        key, eq, value = option.partition("=")
+        if key not in NGRAM_OPTIONS or not eq or not value.isdigit():
+            raise ValueError(f"{name}: unknown n-gram option {option!r}; use key=N with key in {sorted(NGRAM_OPTIONS)}")
+        options[NGRAM_OPTIONS[key]] = int(value)
+    return hf_spec.NGramDrafter(**options), options
+
+
 def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None = None) -> Method:
     import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
     from transformers import AutoModel
@@ -137,7 +159,11 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
         path, option = path.rsplit(":", 1)
         options_text.append(option)
     no_router = "no_router" in options_text
-    drafter = AutoModel.from_pretrained(path, dtype=dtype).eval()
+    ngram_options = None
+    if path.split(":")[0] == "ngram" and not os.path.isdir(path):
+        drafter, ngram_options = _ngram_drafter(path, name)
+    else:
+        drafter = AutoModel.from_pretrained(path, dtype=dtype).eval()
     fixed_exit = next((int(o.split("=")[1]) for o in options_text if o.startswith("exit=")), None)
     if fixed_exit is not None:
         if not hasattr(drafter, "use_fixed_exit"):
@@ -158,6 +184,9 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
     tree = {k: v for k, v in (tree or {}).items() if v is not None}
     options = {"use_router": False} if no_router else {}
     info = {"drafter": path, **tree, **options}
+    if ngram_options is not None:
+        info.update(drafter="ngram", **{k: getattr(drafter.config, k) for k in (
+            "max_match", "min_match", "num_draft_tokens", "max_depth", "max_branches", "max_occurrences")})  # fmt: skip
     if fixed_exit is not None:
         info["fixed_exit"] = fixed_exit
     if hasattr(drafter, "last_exit_counts"):
@@ -197,7 +226,7 @@ def parse_method(spec: str, dtype: torch.dtype = torch.bfloat16, tokenizer=None,
     if kind == "hf_spec" and arg:
         return _hf_spec_method(arg, dtype, spec, tree)
     raise ValueError(
-        f"Unknown method {spec!r}; use plain, prompt_lookup[:N], assisted:<model>, or hf_spec:<drafter path>"
+        f"Unknown method {spec!r}; use plain, prompt_lookup[:N], assisted:<model>, hf_spec:<drafter path> or hf_spec:ngram[:key=N]"
     )
 
 

@@ -2,6 +2,7 @@
 
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .eagle import EagleDrafter, EagleDrafterConfig
+from .ngram import NGramDrafter, NGramDrafterConfig
 from .parallel import ParallelDrafter, ParallelDrafterConfig
 from .sorted import SortedDrafter, SortedDrafterConfig
 
@@ -10,6 +11,8 @@ __all__ = [
     "SpecDrafterModel",
     "EagleDrafter",
     "EagleDrafterConfig",
+    "NGramDrafter",
+    "NGramDrafterConfig",
     "ParallelDrafter",
     "ParallelDrafterConfig",
     "SortedDrafter",

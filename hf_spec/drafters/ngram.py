@@ -1,0 +1,324 @@
+"""Context n-gram drafting without weights: draft TREES of continuations from the text so far.
+
+transformers' prompt lookup drafts one continuation of the longest matching n-gram. Since
+hf-spec verifies a whole tree in one target forward, :class:`NGramDrafter` drafts several:
+every earlier occurrence of the context's suffix contributes the tokens that followed it,
+and the distinct continuations are merged into a trie (shared prefixes become one branch).
+
+Per generation, a session keeps an incremental hashed n-gram index
+(:class:`NGramIndex`: for each n in [min_match, max_match], n-gram tuple -> positions of the
+token that followed it) over prompt + generated tokens; each cycle adds the newly committed
+tokens in O(new tokens x max_match) dict updates, never rebuilding. Drafting a tree scans at
+most ``max_occurrences`` occurrences per match length, each for at most ``max_depth``
+tokens, so a cycle's cost does not grow with the context.
+
+Ranking (:func:`find_continuations`, :func:`build_trie`): occurrences of the longest matching
+suffix come first, shorter matches only fill the remaining budget. A trie node's priority is
+(longest match length through it, occurrences of that length through it, most recent such
+occurrence, shallower first); a child never outranks its parent, and the best
+``num_draft_tokens`` nodes (at most ``max_branches`` children per node, ``max_depth`` deep)
+form the draft tree. No match: the tree is the root alone, and the cycle is one plain
+decoding step. These functions take plain token lists, not a session, so the same trie can
+later be grafted into a trained drafter's tree.
+
+Why sampling stays exact. The tree is a deterministic function of the committed text, so
+every candidate c_i of an expanded node u is a point-mass draft: q_i = delta(c_i). Trees
+carry ``draft_probs = None`` for that, and :func:`hf_spec.verify.verify_tree` then accepts c_i
+with probability p_i(c_i) and on rejection continues with p_{i+1} = p_i with c_i removed and
+renormalised; the last step samples the residual. Step i emits c_i with probability
+p_i(c_i) and, otherwise, a draw from p_{i+1}; so by induction over the candidates, each token
+x is emitted with probability p_u(x) (x = c_i: prod_{j<i}(1 - p_j(c_j)) p_i(c_i) = p_u(c_i),
+as p_i = p_u / (1 - sum_{j<i} p_u(c_j))). Whether u is in the tree and expanded depends on
+the committed text only, never on the verifier's draws, so conditioning on reaching u keeps
+this law: every emitted token follows the target's distribution exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..tree.dynamic import TreeShape
+from ..tree.tree import DraftTree
+from .base import SpecDrafterConfig, SpecDrafterModel
+
+
+class NGramIndex:
+    """Incremental hashed n-gram index of a growing token list.
+
+    ``tables[n][ngram]`` lists, oldest first, the positions p with ``tokens[p-n:p] == ngram``
+    (p is where the continuation starts). ``operations`` counts index updates (one per
+    appended token and n), for tests that the cost per token is flat.
+    """
+
+    def __init__(self, min_match: int, max_match: int):
+        if not 1 <= min_match <= max_match:
+            raise ValueError(f"need 1 <= min_match <= max_match, got min_match={min_match}, max_match={max_match}.")
+        self.min_match, self.max_match = min_match, max_match
+        self.tokens: list[int] = []
+        self.tables: dict[int, dict[tuple, list[int]]] = {n: {} for n in range(min_match, max_match + 1)}
+        self.operations = 0
+
+    def extend(self, new_tokens) -> None:
+        """Append tokens; each one becomes the known follower of the n-grams just before it."""
+        tokens = self.tokens
+        for token in new_tokens:
+            pos = len(tokens)
+            for n, table in self.tables.items():
+                if pos < n:
+                    break
+                key = tuple(tokens[pos - n : pos])
+                positions = table.get(key)
+                if positions is None:
+                    table[key] = [pos]
+                else:
+                    positions.append(pos)
+                self.operations += 1
+            tokens.append(int(token))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Continuation:
+    """The ``tokens`` that followed an earlier occurrence of the context's suffix.
+
+    ``match_length``: how many suffix tokens matched there; ``position``: where the
+    continuation starts in the context (larger = more recent).
+    """
+
+    tokens: list[int]
+    match_length: int
+    position: int
+
+
+def find_continuations(index: NGramIndex, max_depth: int, max_occurrences: int):
+    """Yield the continuations of the index's whole token list, longest match first, then most
+    recent first (lazily: a consumer that has enough stops the scan).
+
+    Scans each match length n from ``max_match`` down to ``min_match``, at most
+    ``max_occurrences`` new occurrences per n (a position found with a longer match is not
+    yielded again), each continuation at most ``max_depth`` tokens.
+    """
+    tokens = index.tokens
+    length = len(tokens)
+    seen: set[int] = set()
+    for n in range(min(index.max_match, length), index.min_match - 1, -1):
+        positions = index.tables[n].get(tuple(tokens[length - n :]))
+        if not positions:
+            continue
+        taken = 0
+        for pos in reversed(positions):
+            if taken >= max_occurrences:
+                break
+            if pos in seen:
+                continue
+            seen.add(pos)
+            taken += 1
+            yield Continuation(tokens[pos : pos + max_depth], n, pos)
+
+
+@dataclass
+class TrieNodes:
+    """A draft trie below a root (not included): node i has ``tokens[i]``, parent ``parents[i]``
+    (-1: the root), ``depths[i]`` >= 1 and ``counts[i]`` occurrences passing through it, in
+    BFS order (parents first). ``occurrences``: continuations the trie was built from."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    occurrences: int = 0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def build_trie(continuations, num_nodes: int, max_depth: int, max_branches: int) -> TrieNodes:
+    """Merge ``continuations`` (as :func:`find_continuations` orders them) into a trie and keep
+    its ``num_nodes`` best nodes, at most ``max_branches`` children per node and ``max_depth``
+    deep (see the module docstring for the ranking). Shorter matches are read only while the
+    trie has fewer than ``num_nodes`` nodes."""
+    # Full trie; per node: token, parent, depth, best match length, count at it, recency, total count.
+    token_of, parent_of, depth_of = [], [], []
+    best_len, best_count, recency, total = [], [], [], []
+    children: list[dict[int, int]] = [{}]  # children[0] is the root's; node i's are children[i + 1]
+    occurrences, last_match = 0, None
+    for cont in continuations:
+        if last_match is not None and cont.match_length < last_match and len(token_of) >= num_nodes:
+            break
+        occurrences, last_match = occurrences + 1, cont.match_length
+        node = -1
+        for depth, token in enumerate(cont.tokens[:max_depth], start=1):
+            child = children[node + 1].get(token)
+            if child is None:
+                child = len(token_of)
+                children[node + 1][token] = child
+                children.append({})
+                token_of.append(token), parent_of.append(node), depth_of.append(depth)
+                best_len.append(cont.match_length), best_count.append(0), recency.append(cont.position)
+                total.append(0)
+            if cont.match_length == best_len[child]:  # continuations arrive longest match first
+                best_count[child] += 1
+            total[child] += 1
+            node = child
+    order = sorted(range(len(token_of)), key=lambda i: (-best_len[i], -best_count[i], -recency[i], depth_of[i]))
+    kept: dict[int, int] = {}  # full-trie node -> rank
+    branches = {-1: 0}
+    for i in order:
+        if len(kept) >= num_nodes:
+            break
+        parent = parent_of[i]
+        if (parent >= 0 and parent not in kept) or branches.get(parent, 0) >= max_branches:
+            continue
+        kept[i] = len(kept)
+        branches[parent] = branches.get(parent, 0) + 1
+    bfs = sorted(kept, key=lambda i: (depth_of[i], kept[i]))
+    new_index = {old: new for new, old in enumerate(bfs)}
+    return TrieNodes(
+        tokens=[token_of[i] for i in bfs],
+        parents=[new_index[parent_of[i]] if parent_of[i] >= 0 else -1 for i in bfs],
+        depths=[depth_of[i] for i in bfs],
+        counts=[total[i] for i in bfs],
+        occurrences=occurrences,
+    )
+
+
+def trie_to_draft_tree(root_token: int, trie: TrieNodes, device=None) -> DraftTree:
+    """The :class:`DraftTree` of ``trie`` under ``root_token``, with point-mass candidates
+    (``draft_probs = None``); scores are log empirical frequencies of the paths."""
+    n = len(trie)
+    tokens = torch.tensor([root_token, *trie.tokens], dtype=torch.long, device=device)
+    parents = torch.tensor([-1, *(p + 1 for p in trie.parents)], dtype=torch.long, device=device)
+    depths = torch.tensor([0, *trie.depths], dtype=torch.long, device=device)
+    occurrences = max(trie.occurrences, 1)
+    scores = torch.tensor([0.0, *(c / occurrences for c in trie.counts)], dtype=torch.float32, device=device).log()
+    kids: dict[int, list[int]] = {}
+    for child in range(1, n + 1):
+        kids.setdefault(int(parents[child]), []).append(child)
+    expanded = sorted(kids)
+    width = max((len(v) for v in kids.values()), default=1)
+    candidate_nodes = torch.full((len(expanded), width), -1, dtype=torch.long)
+    for row, node in enumerate(expanded):
+        candidate_nodes[row, : len(kids[node])] = torch.tensor(kids[node])
+    candidate_nodes = candidate_nodes.to(device)
+    candidate_tokens = torch.where(candidate_nodes >= 0, tokens[candidate_nodes.clamp(min=0)], -1)
+    return DraftTree(tokens=tokens, parents=parents, depths=depths, scores=scores,
+                     expanded=torch.tensor(expanded, dtype=torch.long, device=device),
+                     candidate_tokens=candidate_tokens, candidate_nodes=candidate_nodes, draft_probs=None)  # fmt: skip
+
+
+class NGramDrafterConfig(SpecDrafterConfig):
+    """Config of :class:`NGramDrafter` (no target fields: it serves any target).
+
+    Args:
+        max_match: longest context suffix looked up (default 4).
+        min_match: shortest suffix that counts as a match (default 1; 2 drafts less on
+            unrelated text).
+        num_draft_tokens: draft nodes per tree, root excluded (``tree_total_tokens``; default 16).
+        max_depth: deepest draft node (``tree_depth``; default 8).
+        max_branches: most children per node (``tree_top_k``; default 4; 1 gives a single
+            chain, like prompt lookup).
+        max_occurrences: most recent occurrences scanned per match length (default 16); bounds
+            a cycle's cost on very repetitive text.
+    """
+
+    model_type = "hf_spec_ngram"
+    default_training_method = None
+
+    def __init__(self, max_match: int = 4, min_match: int = 1, num_draft_tokens: int | None = None,
+                 max_depth: int | None = None, max_branches: int | None = None, max_occurrences: int = 16,
+                 **kwargs):  # fmt: skip
+        kwargs["tree_total_tokens"] = num_draft_tokens if num_draft_tokens is not None else kwargs.get("tree_total_tokens", 16)
+        kwargs["tree_depth"] = max_depth if max_depth is not None else kwargs.get("tree_depth", 8)
+        kwargs["tree_top_k"] = max_branches if max_branches is not None else kwargs.get("tree_top_k", 4)
+        if not 1 <= min_match <= max_match:
+            raise ValueError(f"NGramDrafterConfig needs 1 <= min_match <= max_match, got {min_match} and {max_match}.")
+        if not isinstance(max_occurrences, int) or max_occurrences < 1:
+            raise ValueError(f"max_occurrences must be a positive integer, got {max_occurrences!r}.")
+        self.max_match = max_match
+        self.min_match = min_match
+        self.max_occurrences = max_occurrences
+        super().__init__(**kwargs)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.tree_total_tokens
+
+    @property
+    def max_depth(self) -> int:
+        return self.tree_depth
+
+    @property
+    def max_branches(self) -> int:
+        return self.tree_top_k
+
+
+class NGramTreeShape(TreeShape):
+    """Tree budget of n-gram drafting: any positive depth/top_k/total_tokens, greedy or
+    sampling (point-mass drafts need no pinned expanded nodes)."""
+
+    def validate(self, sampling: bool) -> None:
+        super().validate(sampling=False)
+
+
+class NGramDrafter(SpecDrafterModel):
+    """Weightless drafter: trees of continuations of the context's suffix found earlier in the
+    context (see the module docstring). ``target.generate(ids, assistant_model=NGramDrafter())``;
+    ``tree_depth`` / ``tree_top_k`` / ``tree_total_tokens`` override max_depth / max_branches /
+    num_draft_tokens for one call."""
+
+    config_class = NGramDrafterConfig
+
+    def __init__(self, config: NGramDrafterConfig | None = None, **config_kwargs):
+        if config is None:
+            config = NGramDrafterConfig(**config_kwargs)
+        elif config_kwargs:
+            raise ValueError("Pass either a config or config keyword arguments to NGramDrafter, not both.")
+        super().__init__(config)
+        self.post_init()
+
+    def bind(self, target):
+        """Any target works: nothing to check, borrow or move (there are no weights)."""
+        self._borrowed = (target.get_input_embeddings(), target.get_output_embeddings())
+        self._bound_target_config = target.config
+        return self
+
+    def tree_shape(self, depth=None, top_k=None, total_tokens=None) -> NGramTreeShape:
+        shape = super().tree_shape(depth, top_k, total_tokens)
+        return NGramTreeShape(depth=shape.depth, top_k=shape.top_k, total_tokens=shape.total_tokens)
+
+    def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
+        if prompt_ids is None:
+            raise ValueError("NGramDrafter drafts from tokens and needs the prompt (prompt_ids).")
+        return NGramDraftingSession(self.config, shape, prompt_ids)
+
+
+class NGramDraftingSession:
+    """Drafting state of one generate() call: the n-gram index of prompt + generated tokens.
+
+    :meth:`propose` gets the committed tokens of each cycle (on the first call: the prompt
+    after its first token, then the first generated token); the last one is the new root.
+    ``forward_seconds`` accumulates the drafting time (there is no forward).
+    """
+
+    def __init__(self, config: NGramDrafterConfig, shape: TreeShape, prompt_ids: torch.Tensor):
+        self.shape = shape
+        self.max_occurrences = config.max_occurrences
+        self.index = NGramIndex(config.min_match, config.max_match)
+        self.index.extend(prompt_ids[0, :1].tolist())
+        self.forward_seconds = 0.0
+
+    def propose(self, features: torch.Tensor | None, next_tokens: torch.Tensor) -> DraftTree:
+        """Index ``next_tokens`` and draft the trie of continuations under ``next_tokens[-1]``."""
+        start = time.perf_counter()
+        self.index.extend(next_tokens.tolist())
+        shape = self.shape
+        continuations = find_continuations(self.index, shape.depth, self.max_occurrences)
+        trie = build_trie(continuations, shape.total_tokens, shape.depth, shape.top_k)
+        tree = trie_to_draft_tree(int(next_tokens[-1]), trie, device=next_tokens.device)
+        self.forward_seconds += time.perf_counter() - start
+        return tree

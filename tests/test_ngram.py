@@ -1,0 +1,250 @@
+"""NGramDrafter: weightless context n-gram TREE drafting; lossless greedy, batched and sampled."""
+
+import pytest
+import torch
+
+import hf_spec
+from conftest import make_target, plain_generate, random_prompt
+from hf_spec.drafters.ngram import NGramIndex, build_trie, find_continuations, trie_to_draft_tree
+from hf_spec.verify import _rejection_sample
+from test_batched import check_batch
+from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, warpers
+
+SHAPES = [None, (1, 1, 1), (8, 1, 8), (4, 4, 16), (8, 4, 3)]  # (depth, top_k, total); None: defaults
+
+
+def repetitive_prompt(seed=1, period=7, repeats=3, vocab_size=128):
+    base = random_prompt(length=period, vocab_size=vocab_size, seed=seed)
+    return base.repeat(1, repeats)
+
+
+def tree_kwargs(shape):
+    if shape is None:
+        return {}
+    depth, top_k, total = shape
+    return dict(tree_depth=depth, tree_top_k=top_k, tree_total_tokens=total)
+
+
+def session_for(tokens, **config):
+    """A session whose context is ``tokens`` (the prompt), and the tree it drafts after it."""
+    drafter = hf_spec.NGramDrafter(**config)
+    tokens = torch.tensor([tokens])
+    session = drafter.new_drafting_session(None, drafter.tree_shape(), False, prompt_ids=tokens)
+    return session, session.propose(None, tokens[0, 1:])
+
+
+def capture_trees(monkeypatch):
+    """Record every tree the n-gram sessions propose."""
+    trees = []
+    original = hf_spec.drafters.ngram.NGramDraftingSession.propose
+
+    def propose(self, features, next_tokens):
+        tree = original(self, features, next_tokens)
+        trees.append(tree)
+        return tree
+
+    monkeypatch.setattr(hf_spec.drafters.ngram.NGramDraftingSession, "propose", propose)
+    return trees
+
+
+# -- greedy ------------------------------------------------------------------------------------
+def target_text_prompt(target, seed=1):
+    """The target's own greedy text: tiny random targets settle into loops, so what follows is
+    (mostly) already in the context and the n-gram drafts are accepted."""
+    return plain_generate(target, random_prompt(seed=seed), max_new_tokens=50, do_sample=False)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "default" if s is None else "d%d-k%d-n%d" % s)
+def test_greedy_matches_plain_on_repetitive_prompts(family, shape):
+    target = make_target(family)
+    drafter = hf_spec.NGramDrafter()
+    for prompt, matches_certain in ((repetitive_prompt(seed=1), False), (target_text_prompt(target), True)):
+        expected = plain_generate(target, prompt, max_new_tokens=24, do_sample=False)
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=24, do_sample=False,
+                              **tree_kwargs(shape))  # fmt: skip
+        assert torch.equal(out, expected)
+        if matches_certain:
+            stats = drafter.last_generation_stats
+            assert stats.tau > (1.3 if shape == (1, 1, 1) else 1.5), stats.accepted_lengths  # d1: tau <= 2
+            if shape is None:
+                assert max(stats.accepted_lengths) >= 4, stats.accepted_lengths  # long branches accepted
+
+
+def test_no_match_gives_a_root_only_tree_and_plain_output():
+    _, tree = session_for([3, 4, 5, 6, 7])  # all distinct: the root 7 never occurred before
+    assert len(tree) == 1 and tree.expanded.numel() == 0 and int(tree.tokens[0]) == 7
+    target = make_target("llama")
+    prompt = torch.arange(10, 20).view(1, -1)
+    drafter = hf_spec.NGramDrafter(min_match=3, max_match=4)
+    expected = plain_generate(target, prompt, max_new_tokens=6, do_sample=False)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, expected)
+    assert drafter.last_generation_stats.accepted_lengths[0] == 0
+
+
+def test_match_at_the_very_end_of_the_context():
+    _, tree = session_for([5, 7, 7])  # "7" occurred just before the root; it was followed by the root itself
+    assert tree.tokens.tolist() == [7, 7] and tree.parents.tolist() == [-1, 0]
+    _, tree = session_for([1, 2, 3, 1, 2, 3])  # the continuation runs into the current suffix, then stops
+    assert tree.tokens.tolist() == [3, 1, 2, 3] and tree.depths.tolist() == [0, 1, 2, 3]
+    target = make_target("qwen2")
+    prompt = torch.tensor([[9, 4, 4]])
+    expected = plain_generate(target, prompt, max_new_tokens=20, do_sample=False)
+    out = target.generate(prompt, assistant_model=hf_spec.NGramDrafter(), max_new_tokens=20, do_sample=False)
+    assert torch.equal(out, expected)
+
+
+def test_eos_inside_a_drafted_branch_stops_like_plain(family, monkeypatch):
+    target = make_target(family)
+    seed_prompt = random_prompt(seed=6)
+    text = plain_generate(target, seed_prompt, max_new_tokens=30, do_sample=False)
+    prompt = torch.cat([text, seed_prompt], dim=1)  # varied target text, then its start again
+    future = plain_generate(target, prompt, max_new_tokens=30, do_sample=False)[0, prompt.shape[1] :]
+    trees = capture_trees(monkeypatch)
+    inside = 0
+    for position in range(1, 16):
+        eos = int(future[position])
+        if eos in future[:position].tolist():
+            continue  # plain decoding would stop earlier
+        trees.clear()
+        expected = plain_generate(target, prompt, max_new_tokens=30, do_sample=False, eos_token_id=eos)
+        out = target.generate(prompt, assistant_model=hf_spec.NGramDrafter(), max_new_tokens=30,
+                              do_sample=False, eos_token_id=eos)  # fmt: skip
+        assert torch.equal(out, expected)
+        assert int(out[0, -1]) == eos
+        if trees:  # did the tree that emitted EOS draft it with more tokens below it?
+            last = trees[-1]
+            eos_nodes = (last.tokens[1:] == eos).nonzero().view(-1) + 1
+            inside += any(bool((last.parents == int(n)).any()) for n in eos_nodes)
+    assert inside >= 1
+
+
+def test_branches_cover_several_continuations_ranked_by_count():
+    # After "8": "1" three times, "2" once (most recent): both drafted, "1" first.
+    _, tree = session_for([8, 1, 8, 1, 8, 2, 8, 1, 5, 8], max_match=1)
+    children = tree.children(0)
+    assert tree.tokens[children].tolist() == [1, 2]
+    assert tree.candidate_tokens[0, :2].tolist() == [1, 2]
+    # A longer match outranks a more frequent shorter one.
+    _, tree = session_for([4, 8, 2, 9, 8, 1, 9, 8, 1, 4, 8], max_match=2, max_branches=1, num_draft_tokens=1)
+    assert tree.tokens.tolist() == [8, 2]
+    # max_branches=1 gives a chain; the trie merges shared prefixes.
+    _, tree = session_for([8, 1, 8, 1, 8, 2, 8], max_branches=1)
+    assert bool((tree.depths == torch.arange(len(tree))).all())
+
+
+def test_trie_nodes_are_reusable_without_a_session():
+    index = NGramIndex(1, 3)
+    index.extend([1, 2, 3, 1, 2, 4, 1, 2])
+    trie = build_trie(find_continuations(index, max_depth=4, max_occurrences=8), num_nodes=6, max_depth=4,
+                      max_branches=4)  # fmt: skip
+    # Suffix "1 2" was followed by "3 1 2 4" and "4 1 2": two branches under the root.
+    assert trie.tokens[:2] == [4, 3] and trie.parents[:2] == [-1, -1] and len(trie) == 6
+    assert all(trie.parents[i] < i for i in range(len(trie)))  # BFS order: parents first
+    tree = trie_to_draft_tree(2, trie)
+    assert len(tree) == 7 and tree.draft_probs is None and int(tree.tokens[0]) == 2
+
+
+def test_tree_kwargs_and_options_are_validated():
+    drafter = hf_spec.NGramDrafter(max_depth=5, num_draft_tokens=9, max_branches=2)
+    shape = drafter.tree_shape()
+    assert (shape.depth, shape.total_tokens, shape.top_k) == (5, 9, 2)
+    shape = drafter.tree_shape(3, 1, 4)
+    assert (shape.depth, shape.top_k, shape.total_tokens) == (3, 1, 4)
+    shape.validate(sampling=True)  # point-mass drafts need no pinned expanded nodes
+    with pytest.raises(ValueError, match="min_match"):
+        hf_spec.NGramDrafter(min_match=3, max_match=2)
+    with pytest.raises(ValueError, match="tree_depth"):
+        drafter.tree_shape(0).validate(False)
+
+
+# -- cost --------------------------------------------------------------------------------------
+def test_per_cycle_cost_is_flat_in_context_length():
+    """Index updates per token and occurrences scanned per tree do not grow with the context."""
+    costs = []
+    for length in (50, 5000, 50000):
+        context = ([1, 2, 3] * length)[:length]
+        session, _ = session_for(context, max_match=4, min_match=1, max_occurrences=16)
+        before = session.index.operations
+        session.propose(None, torch.tensor([1, 2, 3]))
+        updates = session.index.operations - before
+        trie = build_trie(find_continuations(session.index, 8, 16), 16, 8, 4)
+        costs.append((updates, trie.occurrences))
+    assert costs[1] == costs[2]  # 10x the context, the same work
+    assert all(updates == 3 * 4 for updates, _ in costs)  # three new tokens, one update per n in [1, 4]
+    assert all(scanned <= 16 * 4 for _, scanned in costs)  # max_occurrences per match length
+
+
+# -- sampling ----------------------------------------------------------------------------------
+def test_point_mass_rejection_sampling_is_exact():
+    """Recursive rejection over point-mass candidates emits exactly p and accepts c with p(c)."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(VOCAB, generator=g) * 2, dim=-1)
+    candidates = torch.tensor([int(p.argmax()), 3, 5, -1])
+    nodes = torch.tensor([1, 2, 3, -1])
+    counts, accepted = torch.zeros(VOCAB), torch.zeros(4)
+    draws = 20000
+    for _ in range(draws):
+        token, node = _rejection_sample(p, None, candidates, nodes, g)
+        counts[token] += 1
+        if node >= 0:
+            accepted[node] += 1
+            assert int(candidates[node - 1]) == token
+    assert chi_square_pvalue(counts, p) > P_VALUE_FLOOR
+    # A candidate is emitted only by accepting it: acceptance of c has probability p(c), the best possible.
+    assert torch.equal(accepted[1:], counts[candidates[:3]])
+    wrong = torch.softmax(torch.log(p) / 0.8, dim=-1)  # negative control: the test can fail
+    assert chi_square_pvalue(counts, wrong) < P_VALUE_FLOOR
+
+
+@pytest.mark.parametrize("warp", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)], ids=str)
+def test_sampled_distribution_equals_target(warp, monkeypatch):
+    target = make_target("llama", vocab_size=VOCAB, logit_scale=8.0, seed=3)
+    seed_prompt = random_prompt(length=4, vocab_size=VOCAB, seed=11)
+    torch.manual_seed(0)
+    text = plain_generate(target, seed_prompt, max_new_tokens=24, do_sample=True, top_k=None, **warp)
+    prompt = torch.cat([text, seed_prompt], dim=1)  # sampled target text, then the same start again
+    exact = exact_joint(target, prompt, warpers(**warp))
+    trees = capture_trees(monkeypatch)
+    drafter = hf_spec.NGramDrafter(max_depth=3)
+    counts = torch.zeros([VOCAB] * 3)
+    accepted = []
+    torch.manual_seed(1234)
+    for _ in range(1500):
+        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter,
+                              max_new_tokens=3, do_sample=True, top_k=None, **warp)  # token 0 (pad) may occur
+        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
+        accepted += drafter.last_generation_stats.accepted_lengths
+    p_value = chi_square_pvalue(counts, exact)
+    assert p_value > P_VALUE_FLOOR, p_value
+    assert sum(accepted) / len(accepted) > 0.5  # drafts are accepted often: the accept path is exercised
+    assert max(t.candidate_tokens.shape[1] for t in trees) >= 2  # and trees really branch
+
+
+# -- batches and the bench harness ---------------------------------------------------------------
+def test_batch_matches_per_row_plain_greedy(family):
+    target = make_target(family)
+    prompts = [repetitive_prompt(seed=s, period=p, repeats=r)[0] for s, p, r in ((1, 5, 3), (2, 7, 2), (3, 4, 4))]
+    drafter = hf_spec.NGramDrafter()
+    check_batch(target, drafter, prompts, max_new_tokens=30)
+    stats = drafter.last_generation_stats
+    assert len(stats.rows) == 3 and stats.tau > 1.5 and stats.verify_forwards < 30
+
+
+def test_bench_method_hf_spec_ngram():
+    from hf_spec.bench.harness import BenchSettings, parse_method, run_benchmark, summarize
+
+    method = parse_method("hf_spec:ngram:depth=6:tokens=10:branches=2", torch.float32)
+    drafter = method.generate_kwargs["assistant_model"]
+    assert isinstance(drafter, hf_spec.NGramDrafter)
+    assert (drafter.config.max_depth, drafter.config.num_draft_tokens, drafter.config.max_branches) == (6, 10, 2)
+    assert method.info["drafter"] == "ngram" and method.info["max_depth"] == 6
+    with pytest.raises(ValueError, match="unknown n-gram option"):
+        parse_method("hf_spec:ngram:deep=6", torch.float32)
+    target = make_target("llama")
+    prompts = {"rep": [{"id": f"rep/{i}", "input_ids": repetitive_prompt(seed=i)[0].tolist()} for i in range(2)]}
+    methods = [parse_method("plain"), parse_method("hf_spec:ngram")]
+    rows = run_benchmark(target, prompts, methods, BenchSettings(max_new_tokens=16, warmup_tokens=4))
+    summary = summarize(rows, [m.name for m in methods])["all"]["hf_spec:ngram"]
+    assert summary["identical"] == 2 and summary["tau"] > 1.5
+    assert all(r["accepted_lengths"] for r in rows if r["method"] == "hf_spec:ngram")
