@@ -173,3 +173,51 @@ def test_training_with_a_draft_vocabulary_lowers_the_loss():
     with torch.no_grad():
         after = loss().item()
     assert after < 0.8 * before, (before, after)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "hass", "coral", "parallelspec"])
+def test_trainers_with_a_draft_vocabulary_lower_the_loss(kind, tmp_path_factory, capsys):
+    """Every Trainer trains over the draft ids only (the pipeline's map: most frequent assistant tokens)."""
+    from test_training import _feature_cache, _trainer
+
+    from hf_spec.training.parallel import ParallelTrainer, ParallelTrainingArguments
+    from hf_spec.training.pipeline import attach_draft_vocab
+    from hf_spec.training.trainers import (CoralTrainer, CoralTrainingArguments, EagleTrainer,
+                                           EagleTrainingArguments, HassTrainer, HassTrainingArguments)  # fmt: skip
+
+    target, path = _feature_cache(str(tmp_path_factory.mktemp("cache")))
+    setups = {
+        "eagle": (EagleTrainer, EagleTrainingArguments, {"feature_noise": 0.0}, 0.8),
+        "hass": (HassTrainer, HassTrainingArguments, {"feature_noise": 0.0}, 0.8),
+        "coral": (CoralTrainer, CoralTrainingArguments, {"feature_noise": 0.0}, 0.8),
+        "parallelspec": (ParallelTrainer, ParallelTrainingArguments,
+                         {"drafter_class": hf_spec.ParallelDrafter, "gradient_accumulation_steps": 1}, 0.9),
+    }  # fmt: skip
+    trainer_class, args_class, extra, ratio = setups[kind]
+    trainer = _trainer(trainer_class, args_class, target, path, tmp_path_factory.mktemp("out"), max_steps=25, **extra)
+    drafter = trainer.model
+    share = attach_draft_vocab(drafter, trainer.train_dataset, 24)
+    assert drafter.config.draft_vocab_size == 24 and 0 < share < 1
+    assert "cover" in capsys.readouterr().out
+    assert attach_draft_vocab(copy.deepcopy(drafter), trainer.train_dataset, 0) is None
+    calls = []
+    real_linear = F.linear
+
+    def recording_linear(x, weight, bias=None):
+        calls.append(tuple(weight.shape))
+        return real_linear(x, weight, bias)
+
+    batch = next(iter(trainer.get_train_dataloader()))
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(0)
+        torch.nn.functional.linear = recording_linear
+        try:
+            before = trainer.compute_loss(trainer.model.eval(), batch).item()
+        finally:
+            torch.nn.functional.linear = real_linear
+    assert (24, 64) in calls  # the drafter's logits come from the draft rows
+    trainer.train()
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(0)
+        after = trainer.compute_loss(trainer.model.eval(), batch).item()
+    assert after < ratio * before, (before, after)
