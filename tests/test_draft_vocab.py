@@ -221,3 +221,44 @@ def test_trainers_with_a_draft_vocabulary_lower_the_loss(kind, tmp_path_factory,
         torch.manual_seed(0)
         after = trainer.compute_loss(trainer.model.eval(), batch).item()
     assert after < ratio * before, (before, after)
+
+
+def test_remote_code_loads_the_map_without_hf_spec(tmp_path):
+    """trust_remote_code users (no hf-spec installed) get the same map and draft distribution."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from safetensors.torch import load_file, save_file
+
+    target, drafter = vocab_pair(size=40)
+    drafter.save_pretrained(tmp_path / "drafter")
+    target.save_pretrained(tmp_path / "target")
+    hidden = torch.randn(3, target.config.hidden_size)
+    save_file({"hidden": hidden}, str(tmp_path / "hidden.safetensors"))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(hf_spec.__file__)))
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.modules["hf_spec"] = None
+        sys.path[:] = [p for p in sys.path if not p.startswith({repo!r})]
+        import torch
+        from safetensors.torch import load_file, save_file
+        from transformers import AutoModel, AutoModelForCausalLM
+        drafter = AutoModel.from_pretrained({str(tmp_path / "drafter")!r}, trust_remote_code=True)
+        drafter.bind(AutoModelForCausalLM.from_pretrained({str(tmp_path / "target")!r}))
+        hidden = load_file({str(tmp_path / "hidden.safetensors")!r})["hidden"]
+        save_file({{"logq": drafter.draft_log_probs(hidden), "d2t": drafter.d2t}}, {str(tmp_path / "out.safetensors")!r})
+        print("REPORT" + json.dumps(type(drafter).__module__))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+               TRANSFORMERS_VERBOSITY="error")  # fmt: skip
+    result = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.split("REPORT", 1)[1]).startswith("transformers_modules.")
+    out = load_file(str(tmp_path / "out.safetensors"))
+    assert torch.equal(out["d2t"], drafter.d2t)
+    torch.testing.assert_close(out["logq"], drafter.draft_log_probs(hidden))  # same math in another process
