@@ -20,6 +20,12 @@ Two buffers describe it, saved with the drafter in ``model.safetensors``:
 Training (:mod:`hf_spec.training`) restricts the target distribution to the draft ids (softmax
 over their logits) and drops positions whose full-vocabulary target argmax lies outside the
 draft vocabulary from the classification and Top-K terms (the regression term keeps them).
+Token-level drafters (S2D's sorted exits) score the draft ids with their own head and ignore
+labels outside the draft vocabulary (:func:`draft_labels`). CORAL's router groups partition the
+D draft indices instead of the V target ids.
+
+Build one with ``drafter.set_draft_vocab(token_counts, size)`` (or exact ids with ``size=None``);
+the training pipeline does it from the feature cache's assistant tokens (``draft_vocab_size``).
 """
 
 from __future__ import annotations
@@ -136,3 +142,13 @@ def restrict_target_logits(full_logits: torch.Tensor, draft_ids: torch.Tensor, t
     mask (...,) of positions whose full-vocabulary argmax is a draft id)."""
     in_vocab = t2d.to(full_logits.device)[full_logits.argmax(-1)]
     return full_logits.index_select(-1, draft_ids.to(full_logits.device)), in_vocab
+
+
+def draft_labels(labels: torch.Tensor, t2d: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Target-id labels -> draft indices; labels outside the draft vocabulary (and ``ignore_index``) become
+    ``ignore_index`` (a token-level drafter's loss over the draft vocabulary, EAGLE-3's masking)."""
+    t2d = t2d.to(labels.device)
+    index = torch.cumsum(t2d.long(), 0) - 1  # target id -> draft index where t2d
+    safe = labels.clamp(min=0)
+    keep = (labels >= 0) & t2d[safe]
+    return torch.where(keep, index[safe], torch.full_like(labels, ignore_index))

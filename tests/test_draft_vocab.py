@@ -262,3 +262,91 @@ def test_remote_code_loads_the_map_without_hf_spec(tmp_path):
     out = load_file(str(tmp_path / "out.safetensors"))
     assert torch.equal(out["d2t"], drafter.d2t)
     torch.testing.assert_close(out["logq"], drafter.draft_log_probs(hidden))  # same math in another process
+
+
+# -- the other drafter families -------------------------------------------------------------------
+def _outside_count(expected, prompt_length, t2d):
+    return int((~t2d[expected[:, prompt_length:]]).sum())
+
+
+def test_coral_router_groups_partition_the_draft_vocabulary(monkeypatch):
+    from hf_spec.drafters import router as router_module
+    from hf_spec.drafters.router import frequency_order, group_slices
+
+    target, drafter = vocab_pair("qwen2", size=40)
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="permutation of the 40 draft vocabulary indices"):
+        drafter.add_router(torch.arange(128), num_groups=8)
+    drafter.add_router(frequency_order(torch.randint(0, 50, (40,), generator=g)), num_groups=8, top_n=2)
+    with pytest.raises(ValueError, match="attach the draft vocabulary first"):
+        copy.deepcopy(drafter).set_draft_vocab(torch.ones(128), 20)
+    hidden = torch.randn(6, target.config.hidden_size)
+    logq = drafter.draft_log_probs(hidden, temperature=0.7, use_router=True)
+    torch.testing.assert_close(logq.exp().sum(-1), torch.ones(6))
+    top = drafter.router(hidden).topk(2, dim=-1).indices
+    for row in range(6):
+        allowed = torch.cat([drafter.router_token_order[group_slices(40, 8)[grp]] for grp in top[row].tolist()])
+        assert sorted(torch.isfinite(logq[row]).nonzero().view(-1).tolist()) == sorted(drafter.draft_ids[allowed].tolist())
+    rows = []
+    real_linear = F.linear
+    monkeypatch.setattr(router_module.F, "linear", lambda x, w, b=None: rows.append(w) or real_linear(x, w, b))
+    drafter.draft_log_probs(hidden[:1], use_router=True)
+    monkeypatch.undo()
+    group_ptrs = {w.data_ptr() for w in drafter._grouped_head[1].weights}
+    head_ptr = target.get_output_embeddings().weight.data_ptr()
+    assert sum(w.shape[0] for w in rows if w.data_ptr() in group_ptrs) == 2 * 40 // 8  # top-2 of 8 groups of 40 rows
+    assert not any(w.data_ptr() == head_ptr for w in rows)
+    for seed in (1, 2):
+        prompt = random_prompt(10, seed=seed)
+        expected = plain_generate(target, prompt, max_new_tokens=30, do_sample=False)
+        assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=30, do_sample=False), expected)
+        assert _outside_count(expected, 10, drafter.t2d) > 0
+
+
+def test_parallelspec_with_a_draft_vocabulary_equals_plain_generate():
+    target, _ = oracle_pair("llama")
+    _, with_vocab = vocab_pair("llama", size=40)
+    torch.manual_seed(0)
+    drafter = hf_spec.ParallelDrafter.from_target(target, num_mask_tokens=3)
+    drafter.set_draft_vocab(with_vocab.draft_ids)  # exact ids (size=None)
+    assert drafter.config.draft_vocab_size == 40
+    for seed in (1, 2):
+        prompt = random_prompt(10, seed=seed)
+        expected = plain_generate(target, prompt, max_new_tokens=30, do_sample=False)
+        assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=30, do_sample=False), expected)
+        assert _outside_count(expected, 10, drafter.t2d) > 0
+    session = drafter.new_drafting_session(target, drafter.tree_shape(), False)
+    logq = session.draft_distributions(torch.randn(2, 64), torch.tensor([5, 7]))
+    assert logq.shape == (4, 128) and torch.isinf(logq[:, ~drafter.t2d]).all()
+    assert torch.isfinite(logq[:, drafter.t2d]).all()
+
+
+def test_sorted_drafter_exits_score_only_the_draft_vocabulary(tmp_path):
+    from test_sorted import sorted_pair
+
+    target, drafter = sorted_pair("llama", thresholds=(0.9, 0.9, 0.0))  # a D-way softmax is more confident
+    prompts = torch.cat([random_prompt(6, seed=100 + s) for s in range(8)])
+    counts = torch.bincount(plain_generate(target, prompts, max_new_tokens=16, do_sample=False)[:, 6:].reshape(-1),
+                            minlength=128)  # fmt: skip
+    drafter.set_draft_vocab(counts, 40)
+    for family_seed in (1, 2):
+        prompt = random_prompt(10, seed=family_seed)
+        expected = plain_generate(target, prompt, max_new_tokens=24, do_sample=False)
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=24, do_sample=False, tree_depth=4)
+        assert torch.equal(out, expected)
+        assert _outside_count(expected, 10, drafter.t2d) > 0
+    assert sum(c > 0 for c in drafter.last_exit_counts) >= 2, drafter.last_exit_counts  # early exits stay live
+    ids = random_prompt(12, seed=9)
+    out = drafter(ids, labels=ids)
+    assert all(logits.shape[-1] == 40 for logits in out.logits_per_exit)
+    labels = drafter.exit_labels(ids)
+    inside = drafter.t2d[ids]
+    assert torch.equal(drafter.draft_ids[labels[inside]], ids[inside]) and (labels[~inside] == -100).all()
+    drafter.save_pretrained(tmp_path)
+    loaded = SortedDrafter.from_pretrained(tmp_path).bind(target)
+    assert torch.equal(loaded.d2t, drafter.d2t)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits_per_exit[-1], drafter(ids).logits_per_exit[-1])
+
+
+from hf_spec.drafters.sorted import SortedDrafter  # noqa: E402

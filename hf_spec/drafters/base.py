@@ -243,11 +243,15 @@ class SpecDrafterModel(PreTrainedModel):
         """Target ids of the draft vocabulary (D,), ascending; None without one."""
         return draft_vocab.ids_from_d2t(self.d2t) if self.has_draft_vocab else None
 
+    def _draft_lm_head(self) -> torch.nn.Module:
+        """The LM head whose rows the draft vocabulary selects: the borrowed target head."""
+        return self._require_bound()[1]
+
     def draft_head(self) -> draft_vocab.DraftHead:
         """The borrowed LM head's rows at the draft ids, copied once per (head, dtype, device, map)."""
-        _, lm_head = self._require_bound()
-        weight = lm_head.weight
-        key = (weight.data_ptr(), weight.dtype, weight.device, self.d2t.data_ptr(), self.d2t._version)
+        lm_head = self._draft_lm_head()
+        weight = lm_head.weight  # _version: an in-place update (a trained head) invalidates the copy
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.d2t.data_ptr(), self.d2t._version)
         if self._draft_head is None or self._draft_head[0] != key:
             self._draft_head = (key, draft_vocab.DraftHead(weight, getattr(lm_head, "bias", None), self.draft_ids))
         return self._draft_head[1]

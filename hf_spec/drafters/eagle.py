@@ -291,7 +291,7 @@ class EagleDraftingSession:
         logq = self.drafter.draft_log_probs(head_input, self.temperature, self.use_router)
         # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
         # propose nothing, and verification falls back to the target alone.
-        logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"))
+        logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
         self.forward_seconds += time.perf_counter() - start
         return hidden, logq
 

@@ -191,7 +191,7 @@ class ParallelDraftingSession(EagleDraftingSession):
         hidden = out.last_hidden_state[0, m - 1 :]
         logq = self.drafter.draft_log_probs(hidden, self.temperature)  # draft vocabulary rows only, if it has one
         # A broken drafter (NaN/inf weights) must cost speed, never correctness.
-        logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"))
+        logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
         self.forward_seconds += time.perf_counter() - start
         self.last_logq = logq
         return logq
