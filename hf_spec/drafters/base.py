@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
+from .. import draft_vocab
 from ..tree.dynamic import TreeShape
 
 
@@ -44,6 +45,9 @@ class SpecDrafterConfig(PretrainedConfig):
         training_method: how the checkpoint was trained (``eagle``, ``hass``, ``coral``, ``s2d``,
             ``parallelspec``); picks the model card and citation. None: the family's default
             (:attr:`default_training_method`).
+        draft_vocab_size: D, the size of the draft vocabulary (:mod:`hf_spec.draft_vocab`): the
+            drafter scores only D target ids, held in its ``d2t``/``t2d`` buffers. None: the full
+            target vocabulary.
     """
 
     model_type = "hf_spec_drafter"
@@ -62,6 +66,7 @@ class SpecDrafterConfig(PretrainedConfig):
         tree_total_tokens: int = 60,
         initializer_range: float = 0.02,
         training_method: str | None = None,
+        draft_vocab_size: int | None = None,
         hf_spec_version: str | None = None,
         **kwargs,
     ):
@@ -77,6 +82,9 @@ class SpecDrafterConfig(PretrainedConfig):
         self.tree_total_tokens = tree_total_tokens
         self.initializer_range = initializer_range
         self.training_method = training_method
+        if draft_vocab_size is not None and (not isinstance(draft_vocab_size, int) or draft_vocab_size < 1):
+            raise ValueError(f"draft_vocab_size must be a positive integer or None (full vocabulary), got {draft_vocab_size!r}.")
+        self.draft_vocab_size = draft_vocab_size
         super().__init__(**kwargs)
 
     @property
@@ -134,6 +142,10 @@ class SpecDrafterModel(PreTrainedModel):
     not submodules, never trained and never saved. ``generate()`` binds an unbound drafter to
     the model it is called on. After a generation, :attr:`last_generation_stats` holds
     cycles, accepted drafts per cycle and τ.
+
+    With ``config.draft_vocab_size`` set the drafter has a draft vocabulary
+    (:mod:`hf_spec.draft_vocab`): persistent ``d2t``/``t2d`` buffers, and :meth:`draft_logits`
+    scores only those rows of the borrowed head. :meth:`set_draft_vocab` attaches one.
     """
 
     config_class = SpecDrafterConfig
@@ -145,7 +157,10 @@ class SpecDrafterModel(PreTrainedModel):
     def __init__(self, config: SpecDrafterConfig):
         super().__init__(config)
         self._borrowed = None  # (embedding, lm_head) of the bound target
+        self._draft_head = None  # (key, DraftHead): cached rows of the head at the draft ids
         self.last_generation_stats = None
+        if config.draft_vocab_size is not None:  # placeholder map; the checkpoint's buffers replace it
+            self._register_draft_vocab(torch.arange(config.draft_vocab_size))
         self.generation_config = GenerationConfig(
             tree_depth=config.tree_depth, tree_top_k=config.tree_top_k, tree_total_tokens=config.tree_total_tokens
         )
@@ -165,6 +180,8 @@ class SpecDrafterModel(PreTrainedModel):
         lm_head = target.get_output_embeddings()
         if embedding is None or lm_head is None:
             raise ValueError(f"{type(target).__name__} has no input embedding or LM head; it cannot be a target.")
+        if self.has_draft_vocab:
+            draft_vocab.validate(self.d2t, self.t2d, target.config.get_text_config().vocab_size)
         if self.device != target.device or self.dtype != target.dtype:
             self.to(device=target.device, dtype=target.dtype)
         self._borrowed = (embedding, lm_head)
@@ -197,6 +214,63 @@ class SpecDrafterModel(PreTrainedModel):
         _, lm_head = self._require_bound()
         bias = lm_head.bias.detach() if getattr(lm_head, "bias", None) is not None else None
         return F.linear(hidden_states, lm_head.weight.detach(), bias)
+
+    # -- draft vocabulary (hf_spec.draft_vocab) ---------------------------------------------
+    def _register_draft_vocab(self, draft_ids: torch.Tensor) -> None:
+        vocab = self.config.target_vocab_size
+        if vocab is None:
+            raise ValueError("A draft vocabulary needs the drafter config's target_vocab_size.")
+        device = self.d2t.device if getattr(self, "d2t", None) is not None else None
+        draft_ids = torch.as_tensor(draft_ids, dtype=torch.long, device=device)
+        self.register_buffer("d2t", draft_vocab.d2t_from_ids(draft_ids), persistent=True)
+        self.register_buffer("t2d", draft_vocab.t2d_from_ids(draft_ids, vocab), persistent=True)
+        self._draft_head = None
+
+    def set_draft_vocab(self, counts_or_ids, size: int | None = None):
+        """Attach a draft vocabulary: the ``size`` most frequent ids of token counts (V,) (ties by lower id),
+        or, with ``size`` None, exactly the given token ids. Sets ``config.draft_vocab_size``; returns self."""
+        ids = draft_vocab.draft_ids_from(counts_or_ids, size, self.config.target_vocab_size)
+        self._register_draft_vocab(ids)
+        self.config.draft_vocab_size = int(ids.numel())
+        return self
+
+    @property
+    def has_draft_vocab(self) -> bool:
+        return getattr(self, "d2t", None) is not None
+
+    @property
+    def draft_ids(self) -> torch.Tensor | None:
+        """Target ids of the draft vocabulary (D,), ascending; None without one."""
+        return draft_vocab.ids_from_d2t(self.d2t) if self.has_draft_vocab else None
+
+    def _draft_lm_head(self) -> torch.nn.Module:
+        """The LM head whose rows the draft vocabulary selects: the borrowed target head."""
+        return self._require_bound()[1]
+
+    def draft_head(self) -> draft_vocab.DraftHead:
+        """The borrowed LM head's rows at the draft ids, copied once per (head, dtype, device, map)."""
+        lm_head = self._draft_lm_head()
+        weight = lm_head.weight  # _version: an in-place update (a trained head) invalidates the copy
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.d2t.data_ptr(), self.d2t._version)
+        if self._draft_head is None or self._draft_head[0] != key:
+            self._draft_head = (key, draft_vocab.DraftHead(weight, getattr(lm_head, "bias", None), self.draft_ids))
+        return self._draft_head[1]
+
+    def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary (..., D) (the full head (..., V) without one); gradients flow
+        to ``hidden_states`` only."""
+        return self.draft_head().logits(hidden_states) if self.has_draft_vocab else self.lm_logits(hidden_states)
+
+    @torch.no_grad()
+    def training_targets(self, target_features: torch.Tensor):
+        """(target logits in :meth:`draft_logits`' space, classification mask or None) of target features.
+
+        With a draft vocabulary: the target's logits at the draft ids, and a mask of positions whose
+        full-vocabulary argmax is a draft id (EAGLE-3: the others leave the classification terms)."""
+        full = self.lm_logits(target_features)
+        if not self.has_draft_vocab:
+            return full, None
+        return draft_vocab.restrict_target_logits(full, self.draft_ids, self.t2d)
 
     # -- training/saving helpers -------------------------------------------------------------
     def _init_weights(self, module):

@@ -136,15 +136,32 @@ class EagleDrafter(SpecDrafterModel):
         hidden = self.config.target_hidden_size
         act = self.config.layer_config.get("hidden_act", "silu")
         self.router = LMHeadRouter(hidden, num_groups, act)
-        self.register_buffer("router_token_order", torch.arange(self.config.target_vocab_size), persistent=True)
+        self.register_buffer("router_token_order", torch.arange(self._router_vocab_size()), persistent=True)
+
+    def _router_vocab_size(self) -> int:
+        """What the router's groups partition: the draft vocabulary's D indices, else the V target ids."""
+        return self.config.draft_vocab_size or self.config.target_vocab_size
+
+    def set_draft_vocab(self, counts_or_ids, size: int | None = None):
+        if self.router is not None:
+            raise ValueError(
+                "This drafter has an LM-head router, whose groups partition its current vocabulary. Fix: attach the "
+                "draft vocabulary first, then add (and train) the router."
+            )
+        self._grouped_head = None
+        return super().set_draft_vocab(counts_or_ids, size)
+
+    set_draft_vocab.__doc__ = SpecDrafterModel.set_draft_vocab.__doc__
 
     def add_router(self, token_order: torch.Tensor, num_groups: int = 16, top_n: int = 2) -> LMHeadRouter:
         """Attach a fresh (untrained) CORAL LM-head router over ``num_groups`` groups of ``token_order``
-        (a permutation of the vocabulary, e.g. :func:`hf_spec.drafters.router.frequency_order`)."""
-        vocab = self.config.target_vocab_size
+        (a permutation of the vocabulary, e.g. :func:`hf_spec.drafters.router.frequency_order`; with a
+        draft vocabulary, a permutation of the D draft indices 0..D-1)."""
+        vocab = self._router_vocab_size()
         token_order = torch.as_tensor(token_order, dtype=torch.long)
         if token_order.shape != (vocab,) or not torch.equal(token_order.sort().values, torch.arange(vocab)):
-            raise ValueError(f"token_order must be a permutation of the {vocab} vocabulary ids.")
+            what = "draft vocabulary indices" if self.has_draft_vocab else "vocabulary ids"
+            raise ValueError(f"token_order must be a permutation of the {vocab} {what}.")
         if not 1 <= top_n <= num_groups:
             raise ValueError(f"router top_n must be in [1, num_groups={num_groups}], got {top_n}.")
         self._build_router(num_groups)
@@ -157,19 +174,30 @@ class EagleDrafter(SpecDrafterModel):
 
     def draft_log_probs(self, hidden: torch.Tensor, temperature: float = 1.0, use_router: bool = False) -> torch.Tensor:
         """Float32 draft log-probabilities (R, V) of drafter outputs ``hidden`` (R, H): the full
-        LM head, or with ``use_router`` only the router's top-n groups (-inf elsewhere)."""
+        LM head, or with ``use_router`` only the router's top-n groups (-inf elsewhere).
+
+        With a draft vocabulary only its D rows of the head are multiplied (the router's groups
+        partition those rows) and the log-probabilities are -inf outside it."""
         if not use_router:
+            if self.has_draft_vocab:
+                head = self.draft_head()
+                return head.to_full(torch.log_softmax(head.logits(hidden).float() / temperature, dim=-1))
             return torch.log_softmax(self.lm_logits(hidden).float() / temperature, dim=-1)
         if self.router is None:
             raise ValueError("This drafter has no LM-head router. Fix: drop use_router, or train one (train_coral.py).")
-        _, lm_head = self._require_bound()
-        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
-        key = (weight.data_ptr(), weight.dtype, weight.device)
+        if self.has_draft_vocab:
+            head = self.draft_head()
+            weight, bias, key = head.weight, head.bias, self._draft_head[0]
+        else:
+            _, lm_head = self._require_bound()
+            weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+            key = (weight.data_ptr(), weight.dtype, weight.device)
         if self._grouped_head is None or self._grouped_head[0] != key:
             grouped = GroupedHead(weight, bias, self.router_token_order, self.config.router_num_groups)
             self._grouped_head = (key, grouped)
         router_logits = self.router(hidden.to(self.router.w1.weight.dtype))
-        return routed_log_probs(hidden, router_logits, self._grouped_head[1], self.config.router_top_n, temperature)
+        logq = routed_log_probs(hidden, router_logits, self._grouped_head[1], self.config.router_top_n, temperature)
+        return head.to_full(logq) if self.has_draft_vocab else logq
 
     def forward(
         self,
@@ -263,7 +291,7 @@ class EagleDraftingSession:
         logq = self.drafter.draft_log_probs(head_input, self.temperature, self.use_router)
         # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
         # propose nothing, and verification falls back to the target alone.
-        logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"))
+        logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
         self.forward_seconds += time.perf_counter() - start
         return hidden, logq
 

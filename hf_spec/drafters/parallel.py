@@ -189,9 +189,9 @@ class ParallelDraftingSession(EagleDraftingSession):
             self.committed += m
             crop_to(self.cache, self.committed)  # the masks' KV entries never stay
         hidden = out.last_hidden_state[0, m - 1 :]
-        logq = torch.log_softmax(self.drafter.lm_logits(hidden).float() / self.temperature, dim=-1)
+        logq = self.drafter.draft_log_probs(hidden, self.temperature)  # draft vocabulary rows only, if it has one
         # A broken drafter (NaN/inf weights) must cost speed, never correctness.
-        logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"))
+        logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
         self.forward_seconds += time.perf_counter() - start
         self.last_logq = logq
         return logq

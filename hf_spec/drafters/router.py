@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
+from ..draft_vocab import frequency_order  # noqa: F401  (re-exported: the router's token order)
+
 
 class LMHeadRouter(nn.Module):
     """``p_router = softmax(W2(act(W1 h) + h))`` over ``num_groups`` vocabulary groups (Eq. 7)."""
@@ -35,13 +37,6 @@ class LMHeadRouter(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Router logits (..., num_groups)."""
         return self.w2(self.act(self.w1(hidden_states)) + hidden_states)
-
-
-def frequency_order(token_counts: torch.Tensor) -> torch.Tensor:
-    """Token ids sorted by descending count (ties and unseen tokens by ascending id)."""
-    ids = torch.arange(token_counts.numel())
-    # stable sort on -count keeps ascending ids within equal counts
-    return ids[torch.sort(-token_counts.to(torch.float64), stable=True).indices]
 
 
 def group_slices(vocab_size: int, num_groups: int) -> list[slice]:

@@ -56,11 +56,12 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .. import compat
+from .. import compat, draft_vocab
 from ..tree.dynamic import TreeShape, draw_candidates
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
@@ -216,7 +217,8 @@ def target_entry(target, thresholds, name_or_path: str | None = None) -> dict:
 
 @dataclass
 class SortedDrafterOutput(ModelOutput):
-    """``logits_per_exit``: one (b, s, V) tensor per exit, first exit first; ``loss`` if labels were given."""
+    """``logits_per_exit``: one (b, s, V) tensor per exit ((b, s, D) with a draft vocabulary), first exit
+    first; ``loss`` if labels were given."""
 
     loss: torch.Tensor | None = None
     logits_per_exit: tuple | None = None
@@ -315,6 +317,8 @@ class SortedDrafter(SpecDrafterModel):
     def bind(self, target: PreTrainedModel):
         """Check ``target``'s vocabulary, take its thresholds from ``config.targets``, move to its device/dtype."""
         self.thresholds = self.config.thresholds_for(target)
+        if self.has_draft_vocab:
+            draft_vocab.validate(self.d2t, self.t2d, target.config.get_text_config().vocab_size)
         if self.device != target.device or self.dtype != target.dtype:
             self.to(device=target.device, dtype=target.dtype)
         self._bound_target = weakref.ref(target)
@@ -361,8 +365,22 @@ class SortedDrafter(SpecDrafterModel):
         return list(zip(bounds[:-1], bounds[1:]))
 
     # -- computation ------------------------------------------------------------------------------
+    def _draft_lm_head(self) -> nn.Module:
+        return self.lm_head  # the drafter's own head (nothing is borrowed)
+
     def exit_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))
+        """Exit logits (..., V), or (..., D) over the draft vocabulary if the drafter has one
+        (only those rows of the head are multiplied; with gradients, the live rows)."""
+        hidden = self.norm(hidden)
+        if not self.has_draft_vocab:
+            return self.lm_head(hidden)
+        if torch.is_grad_enabled():
+            return F.linear(hidden, self.lm_head.weight.index_select(0, self.draft_ids.to(hidden.device)))
+        return self.draft_head().logits(hidden)
+
+    def exit_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Labels in :meth:`exit_logits`' space: draft indices, -100 outside the draft vocabulary."""
+        return draft_vocab.draft_labels(labels, self.t2d) if self.has_draft_vocab else labels
 
     def run_layers(self, hidden, start, end, position_ids, attention_mask, past_key_values=None):
         """Layers ``start..end-1`` on ``hidden`` (b, s, H) with an additive float mask."""
@@ -399,7 +417,7 @@ class SortedDrafter(SpecDrafterModel):
         if labels is not None:
             from ..training.losses import sorted_loss
 
-            loss = sorted_loss(logits, labels)
+            loss = sorted_loss(logits, self.exit_labels(labels))
         return SortedDrafterOutput(loss=loss, logits_per_exit=tuple(logits))
 
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
@@ -537,8 +555,10 @@ class SortedDraftingSession:
             for d in range(self.depth):
                 logits, s = self._adaptive_exit(hidden)
                 logq = torch.log_softmax(logits / self.temperature, dim=-1)
+                if self.drafter.has_draft_vocab:  # (D,) -> (V,), -inf outside the draft vocabulary
+                    logq = self.drafter.draft_head().to_full(logq)
                 # A broken drafter (NaN/inf) must cost speed, never correctness.
-                logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"))
+                logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
                 if not bool(torch.isfinite(logq).any()):
                     break
                 token, _ = draw_candidates(logq.view(1, -1), 1, self.do_sample)
@@ -617,7 +637,7 @@ def search_thresholds(
             warnings.simplefilter("ignore")
             drafter.bind(target)
     layer_cost = _param_count(drafter.layers[0])
-    head_cost = drafter.lm_head.weight.numel()
+    head_cost = drafter.draft_head().weight.numel() if drafter.has_draft_vocab else drafter.lm_head.weight.numel()
     target_cost = _param_count(target) - target.get_input_embeddings().weight.numel()
     if getattr(target.config.get_text_config(), "tie_word_embeddings", False):
         target_cost += target.get_input_embeddings().weight.numel()  # the tied head is still read

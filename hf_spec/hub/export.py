@@ -78,6 +78,9 @@ def speculators_config(config: dict, speculative_tokens: int | None = None, dtyp
     if config.get("model_type") not in _EXPORTABLE_MODEL_TYPES:
         raise ValueError(f"Only {_EXPORTABLE_MODEL_TYPES} drafters export to the speculators eagle format, "
                          f"got {config.get('model_type')!r}.")  # fmt: skip
+    if config.get("draft_vocab_size"):
+        raise ValueError("The speculators eagle format has no draft vocabulary; this drafter drafts over "
+                         f"{config['draft_vocab_size']} ids. Fix: export a drafter trained with draft_vocab_size=0.")
     if int(config.get("num_layers", 1)) != 1:
         raise ValueError(f"The speculators eagle format has exactly one decoder layer; this drafter has "
                          f"{config['num_layers']}.")  # fmt: skip

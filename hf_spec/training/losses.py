@@ -22,16 +22,23 @@ def eagle_loss(
     loss_mask: torch.Tensor | None = None,
     w_reg: float = 1.0,
     w_cls: float = 0.1,
+    cls_mask: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """EAGLE's loss: SmoothL1 feature regression + cross-entropy against the target's distribution.
 
-    Shapes: features (b, s, H), logits (b, s, V), ``loss_mask`` (b, s). Returns a dict with
-    ``loss`` (= w_reg * reg + w_cls * cls), ``reg`` and ``cls``.
+    Shapes: features (b, s, H), logits (b, s, V) (or (b, s, D) over a draft vocabulary),
+    ``loss_mask`` (b, s); ``cls_mask`` (b, s) further restricts the cross-entropy (a draft
+    vocabulary's positions whose target argmax it lacks, :mod:`hf_spec.draft_vocab`). Returns a
+    dict with ``loss`` (= w_reg * reg + w_cls * cls), ``reg`` and ``cls``.
     """
     reg = F.smooth_l1_loss(predicted_features.float(), target_features.float(), reduction="none").mean(-1)
     target_probs = torch.softmax(target_logits.float(), dim=-1)
     cls = -(target_probs * torch.log_softmax(predicted_logits.float(), dim=-1)).sum(-1)
-    reg, cls = masked_mean(reg, loss_mask), masked_mean(cls, loss_mask)
+    if cls_mask is not None:
+        cls_mask = cls_mask if loss_mask is None else cls_mask * loss_mask
+    else:
+        cls_mask = loss_mask
+    reg, cls = masked_mean(reg, loss_mask), masked_mean(cls, cls_mask)
     return {"loss": w_reg * reg + w_cls * cls, "reg": reg, "cls": cls}
 
 
@@ -125,7 +132,9 @@ def hass_loss(
 
     Step 1 is EAGLE's forward. Step j feeds, at position t, the feature the drafter predicted
     for position t in step j-1 (the prediction made at t-1; position 0 keeps f_0), detached as
-    in HASS A.1, with the same tokens. Its keys/values mix the earlier steps' blocks exactly as
+    in HASS A.1, with the same tokens. With a draft vocabulary, the target distribution is
+    restricted to it and positions whose target argmax lies outside it leave the
+    classification and Top-K terms (:meth:`~hf_spec.drafters.base.SpecDrafterModel.training_targets`). Its keys/values mix the earlier steps' blocks exactly as
     :func:`hass_step_mask` says; the earlier blocks come from a ``DynamicCache`` filled by the
     previous steps, so each step costs one drafter pass over s positions. Returns ``loss`` and
     per-step ``reg_j``, ``cls_j``, ``topk_j`` (detached).
@@ -137,8 +146,9 @@ def hass_loss(
     # that is where a CPU step spends its time, and prompt positions are masked out anyway.
     select = torch.ones(batch, seq_len, dtype=torch.bool, device=input_ids.device) if loss_mask is None else loss_mask.bool()
     target_sel = target_features[select]
-    with torch.no_grad():
-        target_probs = torch.softmax(drafter.lm_logits(target_sel).float(), dim=-1)
+    with torch.no_grad():  # over the draft vocabulary if the drafter has one (hf_spec.draft_vocab)
+        target_logits, cls_mask = drafter.training_targets(target_sel)
+        target_probs = torch.softmax(target_logits.float(), dim=-1)
         top_probs, top_ids = target_probs.topk(min(topk, target_probs.shape[-1]), dim=-1)
     cache = DynamicCache()
     position_ids = torch.arange(seq_len, device=input_ids.device).view(1, -1).expand(batch, -1)
@@ -156,9 +166,9 @@ def hass_loss(
         if select.any():
             pred_sel = predicted[select]
             reg = F.smooth_l1_loss(pred_sel.float(), target_sel.float(), reduction="none").mean(-1).mean()
-            log_p = torch.log_softmax(drafter.lm_logits(pred_sel).float(), dim=-1)
-            cls = -(target_probs * log_p).sum(-1).mean()
-            topk_part = -(top_probs * log_p.gather(-1, top_ids)).sum(-1).mean()
+            log_p = torch.log_softmax(drafter.draft_logits(pred_sel).float(), dim=-1)
+            cls = masked_mean(-(target_probs * log_p).sum(-1), cls_mask)
+            topk_part = masked_mean(-(top_probs * log_p.gather(-1, top_ids)).sum(-1), cls_mask)
         else:  # nothing to learn in this batch; keep the graph connected for DDP
             reg = cls = topk_part = predicted.sum() * 0.0
         total = total + beta ** (step - 1) * (w_reg * reg + w_cls * cls + w_topk * topk_part)

@@ -164,9 +164,9 @@ def parallel_eagle_loss(drafter, input_ids, hidden_states, layout: ParallelLayou
             continue
         predicted = out.last_hidden_state[selected]
         target_feats = targets[selected.nonzero(as_tuple=True)[0], index[selected]]
-        with torch.no_grad():
-            target_logits = drafter.lm_logits(target_feats)
-        part = eagle_loss(predicted, target_feats, drafter.lm_logits(predicted), target_logits, None, w_reg, w_cls)
+        target_logits, cls_mask = drafter.training_targets(target_feats)  # draft vocabulary only, if any
+        part = eagle_loss(predicted, target_feats, drafter.draft_logits(predicted), target_logits, None, w_reg, w_cls,
+                          cls_mask)  # fmt: skip
         for name in ("loss", "reg", "cls"):
             result[name] = result[name] + part[name]
         result[f"cls_{depth}"] = part["cls"].detach()

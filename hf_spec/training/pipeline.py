@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers.trainer_utils import get_last_checkpoint
 
+from .. import draft_vocab
 from ..drafters import EagleDrafter, ParallelDrafter
 from ..drafters.router import frequency_order
 from ..resources import cache_dir
@@ -52,6 +53,9 @@ class DataArguments:
     feature_cache: str | None = field(default=None, metadata={"help": "feature cache directory (default: derived from the "
                                                                       "target/data/length under $HF_SPEC_CACHE/features)"})
     num_layers: int = field(default=1, metadata={"help": "drafter decoder layers (EAGLE/HASS: 1)"})
+    draft_vocab_size: int | None = field(default=8192, metadata={"help": "draft vocabulary: the D most frequent assistant "
+                                                                     "tokens of the data (FR-Spec/EAGLE-3); 0 or unset: the "
+                                                                     "full target vocabulary"})
 
 
 def prepare_features(data_args: DataArguments, training_args):
@@ -80,6 +84,21 @@ def assistant_token_counts(dataset, vocab_size: int) -> torch.Tensor:
     return counts
 
 
+def attach_draft_vocab(drafter, dataset, size: int | None) -> float | None:
+    """Give a fresh ``drafter`` a draft vocabulary of the ``size`` most frequent assistant tokens of the
+    feature cache ``dataset`` and print its coverage; ``size`` 0/None or >= V keeps the full vocabulary.
+    Returns the coverage (share of assistant tokens inside the draft vocabulary) or None."""
+    vocab = drafter.config.target_vocab_size
+    if not size or size >= vocab:
+        return None
+    counts = assistant_token_counts(dataset, vocab)
+    drafter.set_draft_vocab(counts, size)
+    share = draft_vocab.coverage(counts, drafter.draft_ids)
+    print(f"[hf_spec] draft vocabulary: {size} of {vocab} target ids cover {share:.2%} of the assistant tokens",
+          flush=True)  # fmt: skip
+    return share
+
+
 def _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer):
     """``trainer_class`` over a feature cache (batches from :class:`FeatureCollator`)."""
     return trainer_class(
@@ -93,12 +112,15 @@ def _feature_trainer(trainer_class, drafter, training_args, dataset, storage, to
 
 def train_router(drafter_path: str, data_args: DataArguments, training_args) -> EagleDrafter:
     """CORAL stage 2: load a trained drafter, attach a router over groups of the training data's
-    token-frequency order, train only the router (drafter frozen) and save the drafter with it."""
+    token-frequency order (of its draft vocabulary, if it has one), train only the router (drafter frozen) and save the drafter with it."""
     target, tokenizer, cache, dataset, storage = prepare_features(data_args, training_args)
     target = target.float()
     drafter = EagleDrafter.from_pretrained(drafter_path).bind(target)
     drafter.config.training_method = "coral"
-    order = frequency_order(assistant_token_counts(dataset, drafter.config.target_vocab_size))
+    counts = assistant_token_counts(dataset, drafter.config.target_vocab_size)
+    if drafter.has_draft_vocab:  # the router's groups partition the draft vocabulary (D indices)
+        counts = counts[drafter.draft_ids.cpu()]
+    order = frequency_order(counts)
     drafter.requires_grad_(False)
     drafter.add_router(order, training_args.router_num_groups, training_args.router_top_n).requires_grad_(True)
     trainer = _feature_trainer(RouterTrainer, drafter, training_args, dataset, storage, tokenizer)
@@ -125,6 +147,7 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
     target = target.float()  # the drafter trains in fp32 (bf16 autocast via --bf16) against the fp32 LM head
     drafter = drafter_class.from_target(target, name_or_path=data_args.target_model, num_layers=data_args.num_layers,
                                         training_method=method, **drafter_config)  # fmt: skip
+    coverage = attach_draft_vocab(drafter, dataset, data_args.draft_vocab_size)
     trainer = _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer)
     resume = training_args.resume_from_checkpoint
     if resume is None and os.path.isdir(training_args.output_dir):
@@ -135,6 +158,7 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
     if trainer.is_world_process_zero():
         drafter.save_pretrained(training_args.output_dir)
         summary = {"method": method, "data": asdict(data_args), "feature_cache": cache, "examples": len(dataset),
+                   "draft_vocab_size": drafter.config.draft_vocab_size, "draft_vocab_coverage": coverage,
                    "global_step": trainer.state.global_step, "train_runtime_s": result.metrics.get("train_runtime"),
                    "total_wall_s": time.time() - start, "final_train_loss": result.training_loss,
                    "log_history": trainer.state.log_history}  # fmt: skip

@@ -40,7 +40,8 @@ class SortedTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
-        loss = sorted_loss(outputs.logits_per_exit, inputs["labels"])
+        labels = self.accelerator.unwrap_model(model).exit_labels(inputs["labels"])  # draft indices, if any
+        loss = sorted_loss(outputs.logits_per_exit, labels)
         return (loss, outputs) if return_outputs else loss
 
 

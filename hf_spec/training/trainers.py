@@ -70,10 +70,9 @@ class EagleTrainer(Trainer):
             loss = predicted.sum() * 0.0
             return (loss, {"loss": loss}) if return_outputs else loss
         predicted, feats_target = predicted[select], feats_target[select]
-        with torch.no_grad():
-            target_logits = drafter.lm_logits(feats_target)
-        out = eagle_loss(predicted, feats_target, drafter.lm_logits(predicted), target_logits, None,
-                         self.args.w_reg, self.args.w_cls)  # fmt: skip
+        target_logits, cls_mask = drafter.training_targets(feats_target)  # draft vocabulary only, if any
+        out = eagle_loss(predicted, feats_target, drafter.draft_logits(predicted), target_logits, None,
+                         self.args.w_reg, self.args.w_cls, cls_mask)  # fmt: skip
         return (out["loss"], out) if return_outputs else out["loss"]
 
 
@@ -160,7 +159,7 @@ class RouterTrainer(_LoggedTermsMixin, Trainer):
         select = mask.bool()
         with torch.no_grad():
             predicted = drafter(input_ids=ids, hidden_states=feats_in).last_hidden_state[select]
-            target_probs = torch.softmax(drafter.lm_logits(feats_target[select]).float(), dim=-1)
+            target_probs = torch.softmax(drafter.training_targets(feats_target[select])[0].float(), dim=-1)
             target_mass = group_mass(target_probs, drafter.router_token_order, drafter.config.router_num_groups)
         router_logp = torch.log_softmax(drafter.router(predicted).float(), dim=-1)
         loss = -(target_mass * router_logp).sum(-1).mean() if select.any() else router_logp.sum() * 0.0
