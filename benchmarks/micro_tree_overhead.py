@@ -18,6 +18,7 @@ With ``--packaged``/``--drafter`` it measures the real packaged target with a tr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import platform
@@ -31,7 +32,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import hf_spec  # noqa: E402
-from conftest import train_drafter_on_outputs  # noqa: E402
+from conftest import count_host_syncs, train_drafter_on_outputs  # noqa: E402
 
 torch.set_num_threads(torch.get_num_interop_threads())  # conftest pins 1 thread for tiny unit tests; undo it
 
@@ -57,16 +58,21 @@ def build(shape: str):
     return target, drafter
 
 
-def measure(target, drafter, shape: str, prompts: int, new_tokens: int, tree: dict, prompt_ids=None) -> dict:
+def measure(target, drafter, shape: str, prompts: int, new_tokens: int, tree: dict, prompt_ids=None,
+            count_syncs: bool = False) -> dict:  # fmt: skip
     dtype = target.dtype
     g = torch.Generator().manual_seed(1)
-    rows = []
+    rows, counted = [], {"loop": 0, "drafter": 0, "head": 0}
     for i in range(prompts + 1):  # the first run warms up and is dropped
         if prompt_ids is not None:
             prompt = prompt_ids[i % len(prompt_ids)]
         else:
             prompt = torch.randint(1, SHAPES[shape]["vocab_size"], (1, 16), generator=g)
-        target.generate(prompt, assistant_model=drafter, max_new_tokens=new_tokens, do_sample=False, **tree)
+        with count_host_syncs() if count_syncs and i else contextlib.nullcontext() as counts:
+            target.generate(prompt, assistant_model=drafter, max_new_tokens=new_tokens, do_sample=False, **tree)
+        if counts is not None:
+            for key in counted:
+                counted[key] += counts[key]
         s = drafter.last_generation_stats
         if i:
             rows.append((s.tau, s.total_seconds, s.target_forward_seconds, s.drafter_forward_seconds, s.cycles))
@@ -74,7 +80,7 @@ def measure(target, drafter, shape: str, prompts: int, new_tokens: int, tree: di
     target_s = sum(r[2] for r in rows)
     drafter_s = sum(r[3] for r in rows)
     cycles = sum(r[4] for r in rows)
-    return {
+    row = {
         "shape": shape,
         "dtype": str(dtype).replace("torch.", ""),
         "tree": tree,
@@ -86,6 +92,11 @@ def measure(target, drafter, shape: str, prompts: int, new_tokens: int, tree: di
         "drafter_forward_share": drafter_s / total,
         "overhead_share": 1 - (target_s + drafter_s) / total,
     }
+    if count_syncs:  # per cycle; "loop" includes generate()'s few one-off reads
+        row["head_calls_per_cycle"] = counted["head"] / cycles
+        row["loop_host_syncs_per_cycle"] = counted["loop"] / cycles
+        row["drafter_host_syncs_per_cycle"] = counted["drafter"] / cycles
+    return row
 
 
 def main(argv=None):
@@ -96,6 +107,8 @@ def main(argv=None):
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--count-syncs", action="store_true",
+                        help="also count LM-head calls and host syncs (.item/.tolist/bool/int...) per cycle")
     parser.add_argument("--packaged", default=None, help="a packaged target (hf_spec.resources) instead of random models")
     parser.add_argument("--drafter", default=None, help="trained drafter directory for --packaged")
     args = parser.parse_args(argv)
@@ -112,7 +125,8 @@ def main(argv=None):
             target, drafter = target.to(dtype), drafter.to(dtype)
             for tree in (dict(tree_depth=6, tree_top_k=8, tree_total_tokens=60),
                          dict(tree_depth=3, tree_top_k=2, tree_total_tokens=6)):  # fmt: skip
-                row = measure(target, drafter, args.packaged, args.prompts, args.new_tokens, tree, prompt_ids)
+                row = measure(target, drafter, args.packaged, args.prompts, args.new_tokens, tree, prompt_ids,
+                              args.count_syncs)
                 results.append(row)
                 print(json.dumps(row), flush=True)
         args.shapes = []
@@ -123,7 +137,7 @@ def main(argv=None):
             for tree in (dict(tree_depth=6, tree_top_k=8, tree_total_tokens=60),
                          dict(tree_depth=5, tree_top_k=1, tree_total_tokens=5)):  # fmt: skip
                 start = time.time()
-                row = measure(target, drafter, shape, args.prompts, args.new_tokens, tree)
+                row = measure(target, drafter, shape, args.prompts, args.new_tokens, tree, count_syncs=args.count_syncs)
                 row["wall_s"] = round(time.time() - start, 1)
                 results.append(row)
                 print(json.dumps(row), flush=True)

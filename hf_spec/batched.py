@@ -41,8 +41,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import compat
 from .cache import gather_positions, select_rows
-from .generation import GenerationStats, _Target, new_session
-from .verify import walk_tree
+from .generation import GenerationStats, _Target, new_session, stop_flags
+from .verify import greedy_plan, greedy_result, verify_tree
 
 HOLE_SLACK = 32
 """Invalid cache slots tolerated beyond ``longest_row // 4`` before the cache is re-packed."""
@@ -106,7 +106,7 @@ class _Row:
     sequence: torch.Tensor  # (1, P + n): padded prompt + generated tokens
     pending_features: torch.Tensor
     pending_tokens: torch.Tensor
-    emitted: list[int]
+    emitted: torch.Tensor  # (k,) tokens of the last cycle, not yet appended to ``sequence``
     stats: GenerationStats
     stop_length: int | None = None  # generated tokens when the stopping criteria fired
 
@@ -195,22 +195,32 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
         scores = process(r, sequence, last_logits[r])
         first = torch.multinomial(torch.softmax(scores, dim=-1), 1) if do_sample else scores.argmax().view(1)
         rows.append(_Row(index=r, session=session, sequence=sequence, pending_features=features[r, start:],
-                         pending_tokens=torch.cat([row_prompt[0, 1:], first]), emitted=[int(first)],
+                         pending_tokens=torch.cat([row_prompt[0, 1:], first]), emitted=first,
                          stats=GenerationStats()))  # fmt: skip
     stats.rows = [row.stats for row in rows]
     active = list(rows)
 
     while True:
+        # Append each row's emitted tokens in one cat; the stopping criteria of every prefix of
+        # every row are read back in one host transfer (they must fire at the same token as in generate()).
+        checks, starts = [], []
         for row in active:
-            for token in row.emitted:
-                row.sequence = torch.cat([row.sequence, row.sequence.new_tensor([[token]])], dim=1)
-                if row.stop_length is None and bool(stopping_criteria(row.sequence, None).all()):
-                    row.stop_length = row.generated(prompt_length)
+            start = row.sequence.shape[1]
+            tokens = row.emitted if max_length is None else row.emitted[: max(max_length - start, 0)]
+            row.sequence = torch.cat([row.sequence, tokens.view(1, -1).to(row.sequence.dtype)], dim=1)
+            starts.append(start)
+            if row.stop_length is None and tokens.numel():
+                checks.append(stop_flags(row.sequence, start, stopping_criteria))
+        fired = torch.cat(checks).tolist() if checks else []
+        for row, start in zip(active, starts):
+            if row.stop_length is None:
+                flags, fired = fired[: row.sequence.shape[1] - start], fired[row.sequence.shape[1] - start :]
+                if True in flags:
+                    end = start + flags.index(True) + 1
+                    row.stop_length = end - prompt_length
                     if has_eos:
-                        break
-                if max_length is not None and row.sequence.shape[1] >= max_length:
-                    break
-            row.emitted = []
+                        row.sequence = row.sequence[:, :end]
+            row.emitted = row.emitted[:0]
         everyone_stopped = all(row.stop_length is not None for row in rows)
         horizon = max(row.stop_length for row in rows) if everyone_stopped else None
 
@@ -239,23 +249,31 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
         features = target.forward_batch(tokens, cache, mask, positions)
         stats.verify_forwards += 1
 
-        walks = []
-        for row, tree in zip(active, trees):
+        # One LM-head matmul over every real node of every row's tree (one read of the head's weights).
+        sizes = [len(tree) for tree in trees]
+        q = features.shape[1]
+        flat = torch.cat([torch.arange(r * q, r * q + n, device=device) for r, n in enumerate(sizes)])
+        row_logits = target.logits(features.reshape(-1, features.shape[-1])[flat]).split(sizes)
+        if do_sample or len(logits_processor):
+            walks = []
+            for row, tree, logits in zip(active, trees, row_logits):
 
-            def process_node(node: int, raw: torch.Tensor, tree=tree, context=row.sequence, index=row.index):
-                if not len(logits_processor):
-                    return raw
-                return process(index, torch.cat([context, tree.path_tokens(node).view(1, -1)], dim=1), raw)
+                def process_node(node: int, raw: torch.Tensor, tree=tree, context=row.sequence, index=row.index):
+                    return process(index, torch.cat([context, tree.path_tokens(node).view(1, -1)], dim=1), raw)
 
-            walks.append(walk_tree(tree, process_node, do_sample))
+                walks.append(verify_tree(tree, logits, process_node if len(logits_processor) else None, do_sample))
+        else:  # every row's greedy walk on device, read back in one transfer
+            plans = [greedy_plan(tree, logits) for tree, logits in zip(trees, row_logits)]
+            width = max(plan.numel() for plan in plans)
+            packed = torch.stack([torch.nn.functional.pad(plan, (0, width - plan.numel())) for plan in plans])
+            walks = [greedy_result(host, n, None, plan) for host, n, plan in zip(packed.tolist(), sizes, plans)]
         accepted = []
-        for r, (row, walk) in enumerate(zip(active, _walk_in_lockstep(walks, features, target))):
+        for r, (row, walk) in enumerate(zip(active, walks)):
             row.stats.accepted_lengths.append(walk.num_accepted_drafts)
-            nodes = torch.tensor(walk.nodes, device=device)
+            nodes = walk.node_tensor(device)
             accepted.append(nodes)
             row.pending_features = features[r, nodes]
-            row.pending_tokens = torch.tensor(walk.tokens, device=device)
-            row.emitted = walk.tokens
+            row.pending_tokens = row.emitted = walk.token_tensor(device)
         width = max(nodes.numel() for nodes in accepted)
         index = torch.stack([torch.cat([n, n[-1:].expand(width - n.numel())]) for n in accepted]) + past
         gather_positions(cache, past, index)
@@ -282,28 +300,6 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
         # The cache has per-row holes and drops finished rows, so it is not returned.
         return GenerateDecoderOnlyOutput(sequences=sequences, past_key_values=None)
     return sequences
-
-
-def _walk_in_lockstep(walks, features: torch.Tensor, target: _Target):
-    """Drive every row's verification walk; each step's visited nodes share one LM-head call.
-
-    The LM head (vocab x hidden) is the largest matrix of a small target: one matmul over
-    the rows that are still walking reads it once per step instead of once per row.
-    """
-    results = [None] * len(walks)
-    requests = {r: next(walk) for r, walk in enumerate(walks)}
-    while requests:
-        rows = list(requests)
-        index = torch.tensor(rows, device=features.device)
-        nodes = torch.tensor([requests[r] for r in rows], device=features.device)
-        logits = target.logits(features[index, nodes])
-        requests = {}
-        for j, r in enumerate(rows):
-            try:
-                requests[r] = walks[r].send(logits[j])
-            except StopIteration as stop:
-                results[r] = stop.value
-    return results
 
 
 def _maybe_repack(cache, valid: torch.Tensor, slot_pos: torch.Tensor):

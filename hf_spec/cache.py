@@ -8,16 +8,19 @@ from transformers import DynamicCache
 from . import compat
 
 
-def keep_accepted(cache: DynamicCache, prefix_length: int, accepted_nodes: torch.Tensor) -> None:
+def keep_accepted(cache: DynamicCache, prefix_length: int, accepted_nodes: torch.Tensor,
+                  contiguous: bool | None = None) -> None:  # fmt: skip
     """Compact ``cache`` in place to ``prefix_length`` + the accepted tree nodes.
 
     After a tree forward the cache holds ``prefix_length`` positions followed by one entry
     per tree node (in tree order). ``accepted_nodes`` (root first, then accepted drafts,
     increasing) are moved down to follow the prefix; everything after them is dropped.
+    ``contiguous``: whether they are 0, 1, ..., a (None: check on device, one host sync).
     """
     keep = accepted_nodes.to(torch.long) + prefix_length
     new_length = prefix_length + keep.numel()
-    contiguous = bool((keep == torch.arange(prefix_length, new_length, device=keep.device)).all())
+    if contiguous is None:
+        contiguous = bool((keep == torch.arange(prefix_length, new_length, device=keep.device)).all())
     for layer, keys, values in compat.cache_layers_kv(cache):
         index = keep.to(keys.device)
         if not contiguous:

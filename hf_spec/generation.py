@@ -106,7 +106,10 @@ class _Target:
         return out.last_hidden_state[0]
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Raw float32 logits for one position's features (H,); only positions the walk visits pay."""
+        """Raw float32 logits of features (..., H): one LM-head matmul (one read of its weights)
+        in the target's dtype, then ``.float()``. Verification runs it over every tree node:
+        free on a GPU (memory bound), but on a CPU 61 rows of SmolLM2's head cost about 4 (fp32)
+        / 2.7 (bf16) single-row calls, more than a walk at tau ~1.6 visits (measured 1 thread)."""
         start = time.perf_counter()
         logits = self.lm_head(features).float()
         self.seconds += time.perf_counter() - start
@@ -162,6 +165,14 @@ def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
             f"The prompt has {input_ids.shape[1]} tokens but the target's context window is {max_positions}. "
             "Fix: truncate the prompt."
         )
+
+
+def stop_flags(sequence: torch.Tensor, start: int, stopping_criteria) -> torch.Tensor:
+    """(k,) bool on device: whether ``stopping_criteria`` fire on each prefix ``sequence[:, :start + i + 1]``
+    of the k tokens appended after ``start``; one host read of it replaces a sync per token."""
+    return torch.stack(
+        [stopping_criteria(sequence[:, : start + i + 1], None).all() for i in range(sequence.shape[1] - start)]
+    )
 
 
 def _is_batched(input_ids, model_kwargs) -> bool:
@@ -233,23 +244,23 @@ def speculative_decode(
         first = first_scores.argmax().view(1)
     pending_features = features
     pending_tokens = torch.cat([input_ids[0, 1:], first])
-    emitted = [int(first)]
+    emitted, emitted_host = first, first.tolist()
     step_scores, step_logits = [first_scores], [last_logits]
 
-    finished = False
     while True:
-        for i, token in enumerate(emitted):
-            sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=1)
+        start = sequence.shape[1]
+        sequence = torch.cat([sequence, emitted.view(1, -1).to(sequence.dtype)], dim=1)
+        fired = stop_flags(sequence, start, stopping_criteria).tolist()
+        kept = fired.index(True) + 1 if True in fired else len(fired)
+        sequence = sequence[:, : start + kept]
+        for i in range(kept):
             if streamer is not None:
-                streamer.put(torch.tensor([token]))
+                streamer.put(torch.tensor([emitted_host[i]]))
             if keep_scores:
                 all_scores.append(step_scores[i].view(1, -1))
             if keep_logits:
                 all_logits.append(step_logits[i].view(1, -1))
-            if bool(stopping_criteria(sequence, None).all()):
-                finished = True
-                break
-        if finished:
+        if kept < len(fired) or fired[-1]:
             break
 
         tree = session.propose(pending_features, pending_tokens)
@@ -261,21 +272,17 @@ def speculative_decode(
             position_ids=tree.position_ids(past),
         )
 
-        def process_node(node: int, raw: torch.Tensor) -> torch.Tensor:
-            if not len(logits_processor):
-                return raw
-            context = torch.cat([sequence, tree.path_tokens(node).view(1, -1)], dim=1)
-            return process(context, raw)
+        def process_node(node: int, raw: torch.Tensor, context=sequence, tree=tree) -> torch.Tensor:
+            return process(torch.cat([context, tree.path_tokens(node).view(1, -1)], dim=1), raw)
 
-        walk = verify_tree(
-            tree, lambda node: target.logits(features[node]), process_node, do_sample, keep_scores or keep_logits
-        )
+        walk = verify_tree(tree, target.logits(features), process_node if len(logits_processor) else None,
+                           do_sample, keep_scores or keep_logits)  # fmt: skip
         stats.accepted_lengths.append(walk.num_accepted_drafts)
-        accepted = torch.tensor(walk.nodes, device=features.device)
-        keep_accepted(cache, past, accepted)
+        accepted = walk.node_tensor(features.device)
+        keep_accepted(cache, past, accepted, contiguous=walk.accepted_contiguously)
         pending_features = features[accepted]
-        pending_tokens = torch.tensor(walk.tokens, device=features.device)
-        emitted, step_scores, step_logits = walk.tokens, walk.scores, walk.logits
+        pending_tokens = emitted = walk.token_tensor(features.device)
+        emitted_host, step_scores, step_logits = walk.tokens, walk.scores, walk.logits
 
     crop_to(cache, sequence.shape[1] - 1)
     if streamer is not None:

@@ -57,10 +57,29 @@ class WalkResult:
     nodes: list[int] = field(default_factory=lambda: [0])
     scores: list[torch.Tensor] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
+    _node_tensor: torch.Tensor | None = field(default=None, repr=False)
+    _token_tensor: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def num_accepted_drafts(self) -> int:
         return len(self.nodes) - 1
+
+    def node_tensor(self, device) -> torch.Tensor:
+        """``nodes`` as a long tensor on ``device`` (no host-to-device copy after a greedy walk)."""
+        if self._node_tensor is None:
+            self._node_tensor = torch.tensor(self.nodes, dtype=torch.long, device=device)
+        return self._node_tensor
+
+    def token_tensor(self, device) -> torch.Tensor:
+        """``tokens`` as a long tensor on ``device``."""
+        if self._token_tensor is None:
+            self._token_tensor = torch.tensor(self.tokens, dtype=torch.long, device=device)
+        return self._token_tensor
+
+    @property
+    def accepted_contiguously(self) -> bool:
+        """True when the accepted nodes are 0, 1, ..., a (their KV entries need no moving)."""
+        return self.nodes[-1] == len(self.nodes) - 1
 
 
 ProcessFn = Callable[[int, torch.Tensor], torch.Tensor]
@@ -69,27 +88,83 @@ ProcessFn = Callable[[int, torch.Tensor], torch.Tensor]
 
 def verify_tree(
     tree: DraftTree,
-    target_logits: Callable[[int], torch.Tensor],
-    process: ProcessFn,
+    logits: torch.Tensor,
+    process: ProcessFn | None,
     do_sample: bool,
     keep_scores: bool = False,
     generator: torch.Generator | None = None,
 ) -> WalkResult:
     """Walk the verified tree and return the emitted tokens and accepted nodes.
 
-    ``target_logits(node)``: the raw target logits (V,) at a tree node; the walk asks only for
-    the nodes it visits (at most depth + 1), so the LM head never runs over the whole tree.
-    ``process`` applies the
+    ``logits``: the raw float32 target logits (n, V) of every tree node, computed by one
+    LM-head matmul (one read of the head's weights per cycle). ``process`` applies the
     generation's logits processors and warpers with the node's own context, exactly as
-    transformers' ``_sample`` does for one position.
+    transformers' ``_sample`` does for one position; ``None`` means there are none, and then
+    a greedy walk runs as tensor ops with one host transfer (:func:`greedy_plan`).
     """
-    walk = walk_tree(tree, process, do_sample, keep_scores, generator)
+    if process is None and not do_sample:
+        packed = greedy_plan(tree, logits)
+        return greedy_result(packed.tolist(), len(tree), logits if keep_scores else None, packed)
+    walk = walk_tree(tree, process or _identity, do_sample, keep_scores, generator)
     node = next(walk)
     try:
         while True:
-            node = walk.send(target_logits(node))
+            node = walk.send(logits[node])
     except StopIteration as stop:
         return stop.value
+
+
+def _identity(node: int, raw: torch.Tensor) -> torch.Tensor:
+    return raw
+
+
+def greedy_plan(tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
+    """The greedy walk of :func:`walk_tree` (no logits processors) as device tensor ops.
+
+    Each node's next token is the argmax of its logits (n, V); node u's chosen child is its
+    first candidate (in draw order) holding that token; a node is accepted when it and
+    every ancestor were chosen. Returns ``packed`` (2n + 1,) = [count of accepted nodes (root
+    included), accepted nodes in depth order padded with n, emitted tokens (accepted drafts
+    then the bonus token) padded], for :func:`greedy_result` after one host transfer.
+    """
+    n = len(tree)
+    device = logits.device
+    best = logits.argmax(dim=-1)  # (n,)
+    arange = torch.arange(n, device=device)
+    chosen = torch.full((n,), -1, dtype=torch.long, device=device)
+    expanded = tree.expanded.to(device)
+    if expanded.numel():
+        hits = tree.candidate_tokens.to(device) == best[expanded].view(-1, 1)  # (m, k)
+        first = hits.to(torch.uint8).argmax(dim=1, keepdim=True)  # first hit in draw order
+        child = tree.candidate_nodes.to(device).gather(1, first).view(-1)
+        chosen[expanded] = torch.where(hits.any(dim=1), child, -1)
+    parents = tree.parents.to(device)
+    was_chosen = chosen[parents.clamp(min=0)] == arange
+    was_chosen[0] = True
+    accepted = ~(tree.ancestor_matrix().to(device) & ~was_chosen.view(1, n)).any(dim=1)
+    nodes = torch.where(accepted, arange, n).sort().values  # accepted first, by depth (BFS order)
+    count = accepted.sum()
+    last = torch.where(accepted, arange, -1).max()
+    token_of = torch.cat([tree.tokens.to(device), best[last].view(1)])  # index n -> the bonus token
+    emitted = token_of[torch.cat([nodes[1:], nodes.new_full((1,), n)])]
+    return torch.cat([count.view(1), nodes, emitted])
+
+
+def greedy_result(packed: list[int], n: int, logits: torch.Tensor | None = None, packed_tensor=None) -> WalkResult:
+    """A :class:`WalkResult` from :func:`greedy_plan`'s ``packed`` after its host transfer.
+
+    ``logits`` (n, V): pass them when the scores must be kept (processed = raw without
+    processors). The device tensors of nodes and tokens are slices of ``packed_tensor``.
+    """
+    count = packed[0]
+    result = WalkResult(tokens=packed[1 + n : 1 + n + count], nodes=packed[1 : 1 + count])
+    if packed_tensor is not None:
+        result._node_tensor = packed_tensor[1 : 1 + count]
+        result._token_tensor = packed_tensor[1 + n : 1 + n + count]
+    if logits is not None:
+        rows = logits.index_select(0, result.node_tensor(logits.device)).unbind(0)  # copies: no view pins all rows
+        result.scores, result.logits = list(rows), list(rows)
+    return result
 
 
 def walk_tree(
@@ -99,9 +174,9 @@ def walk_tree(
     keep_scores: bool = False,
     generator: torch.Generator | None = None,
 ) -> Generator[int, torch.Tensor, WalkResult]:
-    """:func:`verify_tree` as a generator: yields the node whose raw logits (V,) it needs next,
-    is sent them, and returns the :class:`WalkResult`. Lets a batch of walks share one LM-head
-    call per step (:mod:`hf_spec.batched`)."""
+    """The walk node by node, as a generator: yields the node whose raw logits (V,) it needs
+    next, is sent them, and returns the :class:`WalkResult`. Used for sampling and when
+    logits processors need each node's own context."""
     result = WalkResult()
     slot_of_node = torch.full((len(tree),), -1, dtype=torch.long)
     slot_of_node[tree.expanded.cpu()] = torch.arange(tree.expanded.shape[0])
@@ -110,8 +185,8 @@ def walk_tree(
         raw = yield node
         scores = process(node, raw)
         if keep_scores:
-            result.scores.append(scores)
-            result.logits.append(raw)
+            result.scores.append(scores if scores is not raw else scores.clone())
+            result.logits.append(raw.clone())
         slot = int(slot_of_node[node])
         if not do_sample:
             token = int(scores.argmax())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import pytest
@@ -128,3 +129,50 @@ class CallCountingStreamer(BaseStreamer):
 
     def end(self):
         self.calls += 1
+
+
+SYNC_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+"""Tensor methods through which Python reads a value back to the host (a device sync on a GPU)."""
+
+
+@contextlib.contextmanager
+def count_host_syncs():
+    """Count, while active, host reads of tensor values (``SYNC_METHODS``) split into those inside
+    ``EagleDraftingSession.propose`` ("drafter") and the rest ("loop"), and the target's LM-head
+    calls (``_Target.logits``, "head"). Yields the dict of counts; restores everything on exit.
+    Ops whose output shape depends on data (``nonzero``, boolean indexing) sync inside C++ and
+    are not counted."""
+    from hf_spec.drafters.eagle import EagleDraftingSession
+    from hf_spec.generation import _Target
+
+    counts = {"loop": 0, "drafter": 0, "head": 0}
+    inside = [False]
+    saved = [(torch.Tensor, name, getattr(torch.Tensor, name)) for name in SYNC_METHODS]
+    saved += [(EagleDraftingSession, "propose", EagleDraftingSession.propose), (_Target, "logits", _Target.logits)]
+
+    def counting(original):
+        def wrapper(self, *args, **kwargs):
+            counts["drafter" if inside[0] else "loop"] += 1
+            return original(self, *args, **kwargs)
+
+        return wrapper
+
+    def counting_propose(self, *args, **kwargs):
+        inside[0] = True
+        try:
+            return saved[-2][2](self, *args, **kwargs)
+        finally:
+            inside[0] = False
+
+    def counting_logits(self, features):
+        counts["head"] += 1
+        return saved[-1][2](self, features)
+
+    try:
+        for owner, name, original in saved[: len(SYNC_METHODS)]:
+            setattr(owner, name, counting(original))
+        EagleDraftingSession.propose, _Target.logits = counting_propose, counting_logits
+        yield counts
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)

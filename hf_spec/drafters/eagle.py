@@ -23,7 +23,7 @@ from transformers.utils import ModelOutput
 from .. import compat
 from ..cache import crop_to
 from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
-from ..tree.tree import DraftTree, additive_mask, causal_mask
+from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
 
@@ -310,19 +310,19 @@ class EagleDraftingSession:
         node_hidden[0] = hidden[-1]
 
         def expand(frontier: Frontier) -> torch.Tensor:
-            allowed = torch.cat(
-                [torch.ones(frontier.nodes.numel(), committed, dtype=torch.bool, device=device), frontier.attend], dim=1
-            )
+            attend = frontier.attend
+            mask = torch.zeros(attend.shape[0], committed + attend.shape[1], dtype=hidden.dtype, device=device)
+            mask[:, committed:].masked_fill_(~attend, torch.finfo(hidden.dtype).min)  # committed prefix: all visible
             out_hidden, out_logq = self._run(
                 frontier.tokens,
                 node_hidden[frontier.parents],
                 committed - 1 + frontier.depths,
-                additive_mask(allowed, hidden.dtype),
+                mask.view(1, 1, *mask.shape),
             )
             node_hidden[frontier.nodes] = out_hidden
             return out_logq
 
         try:
-            return grow_dynamic_tree(int(next_tokens[-1]), logq[-1], expand, shape, self.do_sample)
+            return grow_dynamic_tree(next_tokens[-1], logq[-1], expand, shape, self.do_sample)  # no host read
         finally:
             crop_to(self.cache, committed)

@@ -88,14 +88,20 @@ def draw_candidates(logq: torch.Tensor, k: int, sample: bool, generator: torch.G
 
 
 def grow_dynamic_tree(
-    root_token: int,
+    root_token: int | torch.Tensor,
     root_logq: torch.Tensor,
     expand: ExpandFn,
     shape: TreeShape,
     sample: bool,
     generator: torch.Generator | None = None,
 ) -> DraftTree:
-    """Grow an EAGLE-2 tree from the root's draft log-probabilities ``root_logq`` (V,)."""
+    """Grow an EAGLE-2 tree from the root's draft log-probabilities ``root_logq`` (V,).
+
+    The loop reads nothing back to the host: every frontier has min(top_k, newest) nodes,
+    and a frontier node with a non-finite score (a draw the drafter gave probability 0) is
+    still run through ``expand`` but its children score -inf, so :func:`_select` drops it
+    and them, exactly as if it had not been expanded.
+    """
     device = root_logq.device
     k = shape.top_k
     max_nodes = shape.max_nodes
@@ -122,37 +128,34 @@ def grow_dynamic_tree(
 
     newest = add_children(expanded_nodes[0], root_logq.view(1, -1), 1)
     count = 1 + k
-    # attend[i, j]: expanded slot j is an ancestor-or-self of expanded slot i.
+    # ancestry[i, j]: expanded slot j (drafter cache order) is an ancestor-or-self of slot i.
+    max_slots = (shape.depth - 1) * k
     slot_of_node = torch.full((max_nodes,), -1, dtype=torch.long, device=device)
-    slot_ancestry = torch.zeros(0, 0, dtype=torch.bool, device=device)
+    ancestry = torch.zeros(max_slots, max_slots, dtype=torch.bool, device=device)
+    num_slots = 0
     for _ in range(shape.depth - 1):
-        valid = torch.isfinite(scores[newest])
-        order = scores[newest].masked_fill(~valid, float("-inf")).topk(min(k, newest.numel())).indices
+        newest_scores = scores[newest]
+        newest_scores = newest_scores.masked_fill(~torch.isfinite(newest_scores), float("-inf"))
+        order = newest_scores.topk(min(k, newest.numel())).indices
         frontier_nodes = newest[order]
-        frontier_nodes = frontier_nodes[torch.isfinite(scores[frontier_nodes])]
-        if frontier_nodes.numel() == 0:
-            break
-        num_slots = slot_ancestry.shape[0]
         f = frontier_nodes.numel()
-        parent_slots = slot_of_node[parents[frontier_nodes]]
-        inherited = torch.zeros(f, num_slots, dtype=torch.bool, device=device)
-        has_parent_slot = parent_slots >= 0
-        if num_slots and has_parent_slot.any():
-            inherited[has_parent_slot] = slot_ancestry[parent_slots[has_parent_slot]]
-        attend = torch.cat([inherited, torch.eye(f, dtype=torch.bool, device=device)], dim=1)
+        rows = slice(num_slots, num_slots + f)
+        if num_slots:
+            parent_slots = slot_of_node[parents[frontier_nodes]]
+            inherited = ancestry[parent_slots.clamp(min=0), :num_slots] & (parent_slots >= 0).view(-1, 1)
+            ancestry[rows, :num_slots] = inherited
+        ancestry[rows, rows] = torch.eye(f, dtype=torch.bool, device=device)
         logq = expand(
             Frontier(
                 nodes=frontier_nodes,
                 parents=parents[frontier_nodes],
                 tokens=tokens[frontier_nodes],
                 depths=depths[frontier_nodes],
-                attend=attend,
+                attend=ancestry[rows, : num_slots + f],
             )
         )
-        slot_ancestry = torch.cat(
-            [torch.cat([slot_ancestry, torch.zeros(num_slots, f, dtype=torch.bool, device=device)], dim=1), attend]
-        )
         slot_of_node[frontier_nodes] = torch.arange(num_slots, num_slots + f, device=device)
+        num_slots += f
         expanded_nodes.append(frontier_nodes)
         if sample:
             draft_logq.append(logq)
@@ -178,8 +181,8 @@ def _select(tokens, parents, depths, scores, expanded, candidates, draft_probs, 
     device = tokens.device
     priority = scores.clone()
     priority[0] = float("inf")
-    if pin_expanded:
-        priority[expanded] = float("inf")
+    if pin_expanded:  # non-finite "expanded" nodes are frontier padding (see grow_dynamic_tree): never pinned
+        priority[expanded] = torch.where(torch.isfinite(scores[expanded]), float("inf"), scores[expanded])
     # Stable sort: among equal scores the lower index (a parent before its child) wins.
     order = torch.sort(-priority, stable=True).indices
     keep = order[: 1 + total_tokens]

@@ -70,16 +70,19 @@ class DraftTree:
         )
 
     def ancestor_matrix(self) -> torch.Tensor:
-        """(n, n) bool: ``A[i, j]`` is True when node j is node i or one of its ancestors."""
+        """(n, n) bool: ``A[i, j]`` is True when node j is node i or one of its ancestors.
+
+        Pointer jumping: after step s every row holds its ancestors less than 2**s levels up,
+        so ceil(log2 n) steps suffice and the loop count needs no host read of the depth.
+        """
         n = len(self)
         device = self.tokens.device
-        step = self.parents.clone()
-        step[0] = 0
+        jump = self.parents.clone()
+        jump[0] = 0
         anc = torch.eye(n, dtype=torch.bool, device=device)
-        reach = torch.arange(n, device=device)
-        for _ in range(self.max_depth):
-            reach = step[reach]
-            anc[torch.arange(n, device=device), reach] = True
+        for _ in range((n - 1).bit_length()):
+            anc |= anc[jump]
+            jump = jump[jump]
         return anc
 
     def position_ids(self, past_length: int) -> torch.Tensor:
