@@ -8,8 +8,8 @@ shape is never tuned on the benchmark's own prompts.
 What is measured:
 
 1. Verification cost ``t(n)``: one target forward of ``n`` tree tokens (tree mask, tree
-   positions) on a cached ~256-token prefix, median of repeats, for a grid of ``n``; plus the
-   target LM head on one row (the verify walk runs it once per visited node).
+   positions) on a cached ~256-token prefix followed by the target LM head over all ``n`` rows
+   (verification computes every node's logits in one matmul), median of repeats, for a grid of ``n``.
 2. Acceptance, exactly, for every candidate shape at once. Greedy decoding is lossless, so the
    target's tokens do not depend on the shape: one plain greedy generation per prompt gives them,
    and one target forward their features. A drafting session of the largest depth per ``top_k``
@@ -22,7 +22,7 @@ What is measured:
    largest-depth session for each ``top_k``.
 4. Loop overhead per cycle, from one real generation with the drafter's configured shape.
 
-Predicted ms per cycle = t(T + 1) + draft(d, top_k) + τ · t_head + overhead; predicted tokens/s
+Predicted ms per cycle = t(T + 1) + draft(d, top_k) + overhead; predicted tokens/s
 = τ / that. The best few predicted shapes (and the configured one) are then run for real,
 interleaved, and the best *measured* tokens/s wins. Only the timings are machine-specific; the
 dtype matters too (bf16 verification is nearly flat in ``n`` on AVX512-bf16 CPUs, fp32 is not).
@@ -166,12 +166,11 @@ def replay_cycles(accepted_at: Callable[[int], int], start: int, end: int) -> li
     return lengths
 
 
-def predict(shape: TreeShape, tau: float, verify_ms: dict[int, float], draft_ms: float, head_ms: float,
-            overhead_ms: float) -> dict:  # fmt: skip
+def predict(shape: TreeShape, tau: float, verify_ms: dict[int, float], draft_ms: float, overhead_ms: float) -> dict:
     """Predicted cost of one cycle of ``shape`` and the tokens/s it gives."""
     verify = interpolate_cost(verify_ms, shape.total_tokens + 1)
-    ms = verify + draft_ms + tau * head_ms + overhead_ms
-    return {"verify_ms": verify, "draft_ms": draft_ms, "head_ms": tau * head_ms, "overhead_ms": overhead_ms,
+    ms = verify + draft_ms + overhead_ms
+    return {"verify_ms": verify, "draft_ms": draft_ms, "overhead_ms": overhead_ms,
             "ms_per_cycle": ms, "tokens_per_s": 1000.0 * tau / ms if ms > 0 else float("inf")}  # fmt: skip
 
 
@@ -195,7 +194,7 @@ def _timed(fn, device):
 
 @torch.inference_mode()
 def measure_verify_cost(model, sizes: Sequence[int], prefix_length: int = 256, repeats: int = 7, seed: int = 0):
-    """``({n: median ms of one target forward of n tree tokens on a cached prefix}, LM-head ms per row)``."""
+    """``{n: median ms of one target forward of n tree tokens on a cached prefix + the LM head over the n rows}``."""
     from . import compat
     from .cache import crop_to
     from .generation import target_sliding_window
@@ -211,23 +210,21 @@ def measure_verify_cost(model, sizes: Sequence[int], prefix_length: int = 256, r
     window = target_sliding_window(model.config)
     trees = {n: DraftTree.chain(1, torch.randint(0, vocab, (n - 1,), generator=g).to(device)) for n in sizes}
     samples: dict[int, list[float]] = {n: [] for n in sizes}
-    hidden = None
+    head = model.get_output_embeddings()
     for r in range(repeats + 1):  # round 0 warms up
         for n in sizes:
             tree = trees[n]
 
-            def forward():
-                return base(input_ids=tree.tokens.view(1, -1), attention_mask=tree.attention_mask(prefix_length, model.dtype, window),
-                            position_ids=tree.position_ids(prefix_length), past_key_values=cache, use_cache=True)  # fmt: skip
+            def verify():
+                out = base(input_ids=tree.tokens.view(1, -1), attention_mask=tree.attention_mask(prefix_length, model.dtype, window),
+                           position_ids=tree.position_ids(prefix_length), past_key_values=cache, use_cache=True)  # fmt: skip
+                return head(out.last_hidden_state[0]).float()
 
-            out, ms = _timed(forward, device)
+            _, ms = _timed(verify, device)
             crop_to(cache, prefix_length)
-            hidden = out.last_hidden_state[0, :1]
             if r:
                 samples[n].append(ms)
-    head = model.get_output_embeddings()
-    head_ms = statistics.median(_timed(lambda: head(hidden).float(), device)[1] for _ in range(repeats + 1))
-    return {n: statistics.median(v) for n, v in samples.items()}, head_ms
+    return {n: statistics.median(v) for n, v in samples.items()}
 
 
 @dataclass
@@ -347,7 +344,7 @@ def tune(model, drafter, prompts: Sequence[torch.Tensor], max_new_tokens: int = 
     if shape_key(current) not in {shape_key(s) for s in shapes}:
         shapes.append(current)  # the configured shape is always a candidate and the reference
     say(f"verification cost: {len(grid.verify_sizes)} sizes x {grid.verify_repeats} repeats")
-    verify_ms, head_ms = measure_verify_cost(model, grid.verify_sizes, repeats=grid.verify_repeats)
+    verify_ms = measure_verify_cost(model, grid.verify_sizes, repeats=grid.verify_repeats)
     top_ks = sorted({s.top_k for s in shapes})
     acceptance = measure_acceptance(model, drafter, prompts, max_new_tokens, [s.depth for s in shapes], top_ks, say)
     depth1_ms = statistics.median(acceptance.depth1_ms) if acceptance.depth1_ms else 0.0
@@ -360,7 +357,7 @@ def tune(model, drafter, prompts: Sequence[torch.Tensor], max_new_tokens: int = 
     say(f"calibrating loop overhead with the configured shape {shape_key(current)}")
     measure_generation(model, drafter, prompts[:1], current, 16)  # warm-up
     calibration = measure_generation(model, drafter, prompts, current, max_new_tokens)
-    base = predict(current, calibration["tau"], verify_ms, draft_ms(current), head_ms, 0.0)
+    base = predict(current, calibration["tau"], verify_ms, draft_ms(current), 0.0)
     overhead_ms = max(0.0, calibration["ms_per_cycle"] - base["ms_per_cycle"])
 
     rows = []
@@ -368,7 +365,7 @@ def tune(model, drafter, prompts: Sequence[torch.Tensor], max_new_tokens: int = 
         lengths = acceptance.accepted_lengths(shape)
         tau = sum(lengths) / len(lengths) + 1 if lengths else 1.0
         rows.append({"shape": asdict(shape), "key": shape_key(shape), "tau": tau, "cycles": len(lengths),
-                     "predicted": predict(shape, tau, verify_ms, draft_ms(shape), head_ms, overhead_ms)})  # fmt: skip
+                     "predicted": predict(shape, tau, verify_ms, draft_ms(shape), overhead_ms)})  # fmt: skip
     rows.sort(key=lambda r: -r["predicted"]["tokens_per_s"])
     to_confirm = [TreeShape(**r["shape"]) for r in rows[: grid.confirm]]
     if shape_key(current) not in {shape_key(s) for s in to_confirm}:
@@ -393,7 +390,6 @@ def tune(model, drafter, prompts: Sequence[torch.Tensor], max_new_tokens: int = 
     best_key = max(measured, key=lambda k: measured[k]["tokens_per_s"])
     return {
         "verify_ms": {str(n): v for n, v in verify_ms.items()},
-        "lm_head_ms_per_row": head_ms,
         "draft_ms": {"depth1": depth1_ms, "deepest": {str(k): v for k, v in deepest_ms.items()},
                      "deepest_depth": acceptance.max_depth},  # fmt: skip
         "overhead_ms_per_cycle": overhead_ms,

@@ -53,3 +53,21 @@ def test_distillation_writes_a_resumable_feature_cache(tmp_path):
     # a shard left half-written by a killed run is not read
     (tmp_path / "cache" / "shard-00009").mkdir()
     assert len(load_feature_cache(out)[0]) == 6
+
+
+def test_known_greedy_tokens_give_the_same_draft_vocabulary_targets_without_the_full_head(monkeypatch):
+    import hf_spec
+
+    target = make_target("llama", vocab_size=64)
+    drafter = hf_spec.EagleDrafter.from_target(target).set_draft_vocab(torch.arange(0, 64, 2))  # even ids
+    features = target.base_model(torch.randint(0, 64, (1, 40))).last_hidden_state[0]
+    full_logits, full_mask = drafter.training_targets(features)
+    argmax = target.get_output_embeddings()(features).argmax(-1)
+    assert 0 < int(full_mask.sum()) < 40  # some argmaxes fall outside the draft vocabulary
+    rows = []
+    real_linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: rows.append(w.shape[0]) or real_linear(x, w, b))
+    logits, mask = drafter.training_targets(features, argmax_ids=argmax)
+    assert rows == [32]  # only the draft rows of the head
+    torch.testing.assert_close(logits, full_logits)
+    assert torch.equal(mask, full_mask)

@@ -49,7 +49,7 @@ def test_prediction_picks_the_shape_the_costs_favour():
     steep = {1: 20.0, 64: 200.0}  # fp32-like: every token costs
 
     def best(curve):
-        rows = {k: predict(TreeShape(*k), tau, curve, draft_cost_ms(k[0], 1.0, 6.0, 6), 0.5, 2.0) for k, tau in taus.items()}
+        rows = {k: predict(TreeShape(*k), tau, curve, draft_cost_ms(k[0], 1.0, 6.0, 6), 2.0) for k, tau in taus.items()}
         return max(rows, key=lambda k: rows[k]["tokens_per_s"]), rows
 
     winner, rows = best(flat)

@@ -262,15 +262,19 @@ class SpecDrafterModel(PreTrainedModel):
         return self.draft_head().logits(hidden_states) if self.has_draft_vocab else self.lm_logits(hidden_states)
 
     @torch.no_grad()
-    def training_targets(self, target_features: torch.Tensor):
+    def training_targets(self, target_features: torch.Tensor, argmax_ids: torch.Tensor | None = None):
         """(target logits in :meth:`draft_logits`' space, classification mask or None) of target features.
 
         With a draft vocabulary: the target's logits at the draft ids, and a mask of positions whose
-        full-vocabulary argmax is a draft id (EAGLE-3: the others leave the classification terms)."""
-        full = self.lm_logits(target_features)
+        full-vocabulary argmax is a draft id (EAGLE-3: the others leave the classification terms).
+        ``argmax_ids``: the target's full-vocabulary argmax at each position when it is already known
+        (self-distilled data, whose next tokens are the target's own greedy choices); then only the
+        draft rows of the head are computed, not the full head."""
         if not self.has_draft_vocab:
-            return full, None
-        return draft_vocab.restrict_target_logits(full, self.draft_ids, self.t2d)
+            return self.lm_logits(target_features), None
+        if argmax_ids is not None:
+            return self.draft_logits(target_features), self.t2d.to(argmax_ids.device)[argmax_ids]
+        return draft_vocab.restrict_target_logits(self.lm_logits(target_features), self.draft_ids, self.t2d)
 
     # -- training/saving helpers -------------------------------------------------------------
     def _init_weights(self, module):

@@ -116,6 +116,7 @@ def hass_loss(
     w_cls: float = 0.1,
     forward=None,
     return_predictions: bool = False,
+    argmax_ids: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """HASS training loss: ``sum_j beta^(j-1) * (EAGLE loss_j + w_topk * TopK loss_j)``.
 
@@ -129,6 +130,8 @@ def hass_loss(
             defaults to ``drafter``.
         return_predictions: also return ``predictions``, the list of each step's predicted
             features (b, s, H).
+        argmax_ids: (b, s) the target's greedy token after each position when the data says it
+            (self-distilled), so the draft-vocabulary mask needs no full LM head.
 
     Step 1 is EAGLE's forward. Step j feeds, at position t, the feature the drafter predicted
     for position t in step j-1 (the prediction made at t-1; position 0 keeps f_0), detached as
@@ -147,7 +150,7 @@ def hass_loss(
     select = torch.ones(batch, seq_len, dtype=torch.bool, device=input_ids.device) if loss_mask is None else loss_mask.bool()
     target_sel = target_features[select]
     with torch.no_grad():  # over the draft vocabulary if the drafter has one (hf_spec.draft_vocab)
-        target_logits, cls_mask = drafter.training_targets(target_sel)
+        target_logits, cls_mask = drafter.training_targets(target_sel, None if argmax_ids is None else argmax_ids[select])
         target_probs = torch.softmax(target_logits.float(), dim=-1)
         top_probs, top_ids = target_probs.topk(min(topk, target_probs.shape[-1]), dim=-1)
     cache = DynamicCache()

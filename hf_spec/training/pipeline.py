@@ -84,6 +84,13 @@ def assistant_token_counts(dataset, vocab_size: int) -> torch.Tensor:
     return counts
 
 
+def cache_is_self_distilled(cache: str) -> bool:
+    """Whether a feature cache was written by :func:`hf_spec.training.distill.distill_features`, i.e. its
+    answer tokens are the target's own greedy choices."""
+    meta = os.path.join(cache, "hf_spec_features.json")
+    return os.path.exists(meta) and json.load(open(meta)).get("source") == "distill_features"
+
+
 def attach_draft_vocab(drafter, dataset, size: int | None) -> float | None:
     """Give a fresh ``drafter`` a draft vocabulary of the ``size`` most frequent assistant tokens of the
     feature cache ``dataset`` and print its coverage; ``size`` 0/None or >= V keeps the full vocabulary.
@@ -148,6 +155,8 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
     drafter = drafter_class.from_target(target, name_or_path=data_args.target_model, num_layers=data_args.num_layers,
                                         training_method=method, **drafter_config)  # fmt: skip
     coverage = attach_draft_vocab(drafter, dataset, data_args.draft_vocab_size)
+    if cache_is_self_distilled(cache) and hasattr(training_args, "greedy_labels"):
+        training_args.greedy_labels = True  # answer tokens are the target's greedy choices: no full-head argmax
     trainer = _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer)
     resume = training_args.resume_from_checkpoint
     if resume is None and os.path.isdir(training_args.output_dir):

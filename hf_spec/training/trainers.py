@@ -27,6 +27,9 @@ class EagleTrainingArguments(TrainingArguments):
     w_cls: float = field(default=0.1, metadata={"help": "weight of the cross-entropy to the target's distribution (EAGLE: 0.1)"})
     feature_noise: float = field(default=0.1, metadata={"help": "half-width of uniform noise added to the input features (EAGLE: 0.1)"})
     max_length: int = field(default=2048, metadata={"help": "training sequences are truncated to this many tokens"})
+    greedy_labels: bool = field(default=False, metadata={"help": "the data's answer tokens are the target's own greedy "
+        "choices (self-distilled, hf_spec.training.distill; set automatically for such caches): the draft-vocabulary "
+        "mask then reads the next token instead of running the full LM head"})  # fmt: skip
     # paper defaults for inherited fields
     learning_rate: float = field(default=3e-5, metadata={"help": "peak AdamW learning rate (EAGLE: 3e-5)"})
     adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2 (EAGLE: 0.95)"})
@@ -58,6 +61,14 @@ def _drafter_inputs(trainer: Trainer, inputs: dict):
     return ids, feats_in, feats_target, mask
 
 
+def _greedy_next_tokens(trainer: Trainer, ids: torch.Tensor) -> torch.Tensor | None:
+    """(b, s) the token after each drafter position (x_{t+2}: the target's own greedy choice wherever
+    the loss counts, in self-distilled data), or None unless ``greedy_labels`` says the data is such."""
+    if not getattr(trainer.args, "greedy_labels", False):
+        return None
+    return torch.cat([ids[:, 1:], ids.new_zeros(ids.shape[0], 1)], dim=1)
+
+
 class EagleTrainer(Trainer):
     """Trains an :class:`~hf_spec.EagleDrafter` with EAGLE's loss."""
 
@@ -70,7 +81,9 @@ class EagleTrainer(Trainer):
             loss = predicted.sum() * 0.0
             return (loss, {"loss": loss}) if return_outputs else loss
         predicted, feats_target = predicted[select], feats_target[select]
-        target_logits, cls_mask = drafter.training_targets(feats_target)  # draft vocabulary only, if any
+        argmax_ids = _greedy_next_tokens(self, ids)
+        target_logits, cls_mask = drafter.training_targets(  # draft vocabulary only, if any
+            feats_target, None if argmax_ids is None else argmax_ids[select])
         out = eagle_loss(predicted, feats_target, drafter.draft_logits(predicted), target_logits, None,
                          self.args.w_reg, self.args.w_cls, cls_mask)  # fmt: skip
         return (out["loss"], out) if return_outputs else out["loss"]
@@ -84,7 +97,8 @@ class HassTrainer(Trainer):
         ids, feats_in, feats_target, mask = _drafter_inputs(self, inputs)
         args = self.args
         out = hass_loss(drafter, ids, feats_in, feats_target, mask, num_steps=args.hass_steps, beta=args.hass_beta,
-                        w_topk=args.w_topk, topk=args.topk, w_reg=args.w_reg, w_cls=args.w_cls, forward=model)  # fmt: skip
+                        w_topk=args.w_topk, topk=args.topk, w_reg=args.w_reg, w_cls=args.w_cls, forward=model,
+                        argmax_ids=_greedy_next_tokens(self, ids))  # fmt: skip
         return (out["loss"], out) if return_outputs else out["loss"]
 
 
@@ -128,6 +142,7 @@ class CoralTrainer(_LoggedTermsMixin, Trainer):
         args = self.args
         out = hass_loss(drafter, ids, feats_in, feats_target, mask, num_steps=args.hass_steps, beta=args.hass_beta,
                         w_topk=args.w_topk, topk=args.topk, w_reg=args.w_reg, w_cls=args.w_cls, forward=model,
+                        argmax_ids=_greedy_next_tokens(self, ids),
                         return_predictions=True)  # fmt: skip
         select = mask.bool()
         loss = out["loss"]
