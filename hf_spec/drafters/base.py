@@ -216,6 +216,15 @@ class SpecDrafterModel(PreTrainedModel):
         return F.linear(hidden_states, lm_head.weight.detach(), bias)
 
     # -- draft vocabulary (hf_spec.draft_vocab) ---------------------------------------------
+    def clear_draft_vocab(self):
+        """Draft over the full target vocabulary again (drops ``d2t``/``t2d``); returns self."""
+        for name in ("d2t", "t2d"):
+            if name in self._buffers:
+                del self._buffers[name]
+        self._draft_head = None
+        self.config.draft_vocab_size = None
+        return self
+
     def _register_draft_vocab(self, draft_ids: torch.Tensor) -> None:
         vocab = self.config.target_vocab_size
         if vocab is None:
