@@ -178,22 +178,12 @@ def test_training_with_a_draft_vocabulary_lowers_the_loss():
 @pytest.mark.parametrize("kind", ["eagle", "hass", "coral", "parallelspec"])
 def test_trainers_with_a_draft_vocabulary_lower_the_loss(kind, tmp_path_factory, capsys):
     """Every Trainer trains over the draft ids only (the pipeline's map: most frequent assistant tokens)."""
-    from test_training import _feature_cache, _trainer
+    from test_training import TRAINER_SETUPS, _feature_cache, _trainer
 
-    from hf_spec.training.parallel import ParallelTrainer, ParallelTrainingArguments
     from hf_spec.training.pipeline import attach_draft_vocab
-    from hf_spec.training.trainers import (CoralTrainer, CoralTrainingArguments, EagleTrainer,
-                                           EagleTrainingArguments, HassTrainer, HassTrainingArguments)  # fmt: skip
 
     target, path = _feature_cache(str(tmp_path_factory.mktemp("cache")))
-    setups = {
-        "eagle": (EagleTrainer, EagleTrainingArguments, {"feature_noise": 0.0}, 0.8),
-        "hass": (HassTrainer, HassTrainingArguments, {"feature_noise": 0.0}, 0.8),
-        "coral": (CoralTrainer, CoralTrainingArguments, {"feature_noise": 0.0}, 0.8),
-        "parallelspec": (ParallelTrainer, ParallelTrainingArguments,
-                         {"drafter_class": hf_spec.ParallelDrafter, "gradient_accumulation_steps": 1}, 0.9),
-    }  # fmt: skip
-    trainer_class, args_class, extra, ratio = setups[kind]
+    trainer_class, args_class, extra, ratio = TRAINER_SETUPS[kind]
     trainer = _trainer(trainer_class, args_class, target, path, tmp_path_factory.mktemp("out"), max_steps=25, **extra)
     drafter = trainer.model
     share = attach_draft_vocab(drafter, trainer.train_dataset, 24)

@@ -272,19 +272,22 @@ def _trainer(cls, args_cls, target, path, out_dir, seed=0, drafter_class=hf_spec
                data_collator=FeatureCollator(storage=storage, max_length=args.max_length))  # fmt: skip
 
 
+TRAINER_SETUPS = {
+    "eagle": (EagleTrainer, EagleTrainingArguments, {"feature_noise": 0.0}, 0.8),
+    "hass": (HassTrainer, HassTrainingArguments, {"feature_noise": 0.0}, 0.8),
+    "coral": (CoralTrainer, CoralTrainingArguments, {"feature_noise": 0.0}, 0.8),
+    # the sum over 5 depths; the [MASK] depths (2..5 tokens ahead) fall slower than depth 0
+    "parallelspec": (ParallelTrainer, ParallelTrainingArguments,
+                     {"drafter_class": hf_spec.ParallelDrafter, "gradient_accumulation_steps": 1}, 0.9),
+}  # fmt: skip
+"""method -> (Trainer class, arguments class, _trainer overrides, loss ratio a short run must reach)."""
+
+
 @pytest.mark.parametrize("kind", ["eagle", "hass", "coral", "parallelspec"])
 def test_a_few_trainer_steps_lower_the_loss(kind, feature_cache, tmp_path):
     """Each training method runs on the shared feature cache (assistant loss mask + padding)."""
     target, path = feature_cache
-    setups = {
-        "eagle": (EagleTrainer, EagleTrainingArguments, {"feature_noise": 0.0}, 0.8),
-        "hass": (HassTrainer, HassTrainingArguments, {"feature_noise": 0.0}, 0.8),
-        "coral": (CoralTrainer, CoralTrainingArguments, {"feature_noise": 0.0}, 0.8),
-        # the sum over 5 depths; the [MASK] depths (2..5 tokens ahead) fall slower than depth 0
-        "parallelspec": (ParallelTrainer, ParallelTrainingArguments,
-                         {"drafter_class": hf_spec.ParallelDrafter, "gradient_accumulation_steps": 1}, 0.9),
-    }  # fmt: skip
-    trainer_class, args_class, extra, ratio = setups[kind]
+    trainer_class, args_class, extra, ratio = TRAINER_SETUPS[kind]
     trainer = _trainer(trainer_class, args_class, target, path, tmp_path, max_steps=25, **extra)
     batch = next(iter(trainer.get_train_dataloader()))
     with torch.no_grad(), torch.random.fork_rng():

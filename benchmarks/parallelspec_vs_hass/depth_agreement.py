@@ -45,7 +45,7 @@ def main() -> None:
         pairs = ids.shape[1] - 1
         layout = build_parallel_layout(pairs, sample_anchors(pairs, args.groups, k), k)
         out = parallel_forward(drafter, ids, feats, layout, output_logits=False)
-        predicted = drafter.lm_logits(out.last_hidden_state[0]).argmax(-1)
+        predicted = drafter.draft_log_probs(out.last_hidden_state[0]).argmax(-1)  # what it drafts (draft vocab too)
         index = layout.target_index[0].clamp(min=0)
         valid = (layout.target_index[0] >= 0) & loss_mask[0, 2:].bool()[index.clamp(max=loss_mask.shape[1] - 3)]
         greedy = drafter.lm_logits(feats[0, 1:][index]).argmax(-1)  # the target's token after f_{t+1}
