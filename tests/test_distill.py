@@ -71,3 +71,27 @@ def test_known_greedy_tokens_give_the_same_draft_vocabulary_targets_without_the_
     assert rows == [32]  # only the draft rows of the head
     torch.testing.assert_close(logits, full_logits)
     assert torch.equal(mask, full_mask)
+
+
+def test_feature_trainers_batch_similar_lengths(tmp_path):
+    from test_training import _feature_cache
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    import hf_spec
+    from hf_spec.training.pipeline import _feature_trainer
+    from hf_spec.training.trainers import HassTrainingArguments
+
+    target, path = _feature_cache(str(tmp_path))
+    dataset, storage = load_feature_cache(path)
+    args = HassTrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True, per_device_train_batch_size=4,
+                                 report_to="none")
+    trainer = _feature_trainer(hf_spec.training.trainers.HassTrainer, hf_spec.EagleDrafter.from_target(target), args,
+                               dataset, storage, tiny_chat_tokenizer())
+    sampler = trainer._get_train_sampler()
+    assert isinstance(sampler, LengthGroupedSampler)
+    lengths = trainer.train_dataset["length"]
+    assert list(lengths) == [len(ids) for ids in dataset["input_ids"]]
+    order = list(iter(sampler))
+    batches = [[lengths[i] for i in order[k : k + 4]] for k in range(0, len(order) - 3, 4)]
+    spread = sum(max(b) - min(b) for b in batches) / len(batches)
+    assert spread < (max(lengths) - min(lengths)) / 2  # batches hold similar lengths

@@ -106,8 +106,19 @@ def attach_draft_vocab(drafter, dataset, size: int | None) -> float | None:
     return share
 
 
+def with_lengths(dataset, column: str = "length"):
+    """The feature dataset with a ``column`` of sequence lengths (read from ``input_ids`` alone), which
+    Trainer's ``group_by_length`` sampling needs to batch similar lengths without loading features."""
+    if column in dataset.column_names:
+        return dataset
+    lengths = [len(ids) for ids in dataset.select_columns(["input_ids"])["input_ids"]]
+    return dataset.add_column(column, lengths)
+
+
 def _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer):
     """``trainer_class`` over a feature cache (batches from :class:`FeatureCollator`)."""
+    if getattr(training_args, "train_sampling_strategy", None) == "group_by_length":
+        dataset = with_lengths(dataset, training_args.length_column_name)
     return trainer_class(
         model=drafter,
         args=training_args,

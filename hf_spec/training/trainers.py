@@ -38,6 +38,8 @@ class EagleTrainingArguments(TrainingArguments):
     lr_scheduler_type: str = field(default="linear", metadata={"help": "schedule after warmup (EAGLE: linear decay)"})
     per_device_train_batch_size: int = field(default=4, metadata={"help": "sequences per device and step (EAGLE: 4)"})
     remove_unused_columns: bool = field(default=False, metadata={"help": "must stay False: the collator needs loss_mask"})
+    train_sampling_strategy: str = field(default="group_by_length", metadata={"help": "batches of similar lengths "
+        "(less padding: about half of a random batch of 50-512-token sequences is padding)"})  # fmt: skip
 
 
 @dataclass
