@@ -1,0 +1,60 @@
+"""Publish a trained drafter into a shipped folder: bf16 weights, config, generated model card.
+
+Reads the run's ``training_summary.json`` (written by every training script) for the card's
+training facts, and optionally a benchmark JSON (``hf-spec bench`` ``results.json``) for its
+results. Tree-shape fields already written into the destination's config by ``hf-spec tune
+--write`` are kept when the drafter is re-published.
+
+    python training_scripts/publish_drafter.py runs/train/hass drafters/smollm2-135m-instruct-hass \\
+        --command "bash runs/train_all.sh (see drafters/README.md)" --bench benchmarks/<run>/results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+from transformers import AutoModel
+
+TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_tuned_for")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("source", help="training output directory (drafter + training_summary.json)")
+    parser.add_argument("destination", help="folder to write (e.g. drafters/<target>-<method>)")
+    parser.add_argument("--command", default=None, help="the exact training command, for the card")
+    parser.add_argument("--bench", default=None, help="benchmark results.json whose results go into the card")
+    parser.add_argument("--dtype", default="bfloat16")
+    args = parser.parse_args(argv)
+
+    import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
+
+    drafter = AutoModel.from_pretrained(args.source, dtype=getattr(torch, args.dtype))
+    tuned_config = os.path.join(args.destination, "config.json")
+    if os.path.exists(tuned_config):
+        previous = json.load(open(tuned_config))
+        if "tree_tuned_for" in previous:  # keep the shape `hf-spec tune --write` chose for this folder
+            for key in TUNED_FIELDS:
+                setattr(drafter.config, key, previous[key])
+                if key != "tree_tuned_for":
+                    setattr(drafter.generation_config, key, previous[key])
+    info = {}
+    for name in ("drafter/training_summary.json", "training_summary.json", "router_training_summary.json"):
+        path = os.path.join(args.source, name)  # CORAL: stage 1 in drafter/, the router beside it
+        if os.path.exists(path):
+            summary = json.load(open(path))
+            info.update({k: summary[k] for k in ("method", "global_step", "train_runtime_s", "final_train_loss",
+                                                 "examples", "draft_vocab_size", "draft_vocab_coverage")
+                         if k in summary})  # fmt: skip
+    info["datasets"] = ["ShareGPT first turns, self-distilled by the target (hf_spec.training.distill)"]
+    if args.command:
+        info["command"] = args.command
+    drafter.save_pretrained(args.destination, bench_results=args.bench, training_info=info)
+    print(f"published {args.source} -> {args.destination}: {sorted(os.listdir(args.destination))}")
+
+
+if __name__ == "__main__":
+    main()
