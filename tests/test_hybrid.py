@@ -11,14 +11,10 @@ from hf_spec.tree.dynamic import draw_candidates
 from hf_spec.tree.tree import DraftTree
 from hf_spec.verify import _rejection_sample, greedy_plan
 from test_batched import pad_left, per_row_expected
+from test_ngram import target_text_prompt
 from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, warpers
 
 SHAPE = dict(tree_depth=4, tree_top_k=4, tree_total_tokens=12)
-
-
-def target_text_prompt(target, seed=1):
-    """The target's own greedy text: tiny random targets settle into loops, so n-gram drafts are accepted."""
-    return plain_generate(target, random_prompt(seed=seed), max_new_tokens=50, do_sample=False)
 
 
 def capture_trees(monkeypatch):
