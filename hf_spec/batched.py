@@ -151,7 +151,7 @@ def _verify_mask(trees, valid, slot_pos, start_pos, dtype, sliding_window):
 
 def batched_speculative_decode(model, input_ids, logits_processor, stopping_criteria, generation_config, *,
                                drafter, shape, do_sample: bool, temperature: float, attention_mask=None,
-                               use_router: bool | None = None):  # fmt: skip
+                               use_router: bool | None = None, ngram_branches: int | None = None):  # fmt: skip
     """Tree speculative decoding of a left-padded batch; returns what batched ``generate()`` would.
 
     Called by :func:`hf_spec.generation.speculative_decode` for batch size > 1 (or a padded
@@ -190,7 +190,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
     for r in range(batch):
         start = int(pads[r])
         row_prompt = input_ids[r : r + 1, start:]
-        session = new_session(drafter, model, shape, do_sample, temperature, row_prompt, use_router)
+        session = new_session(drafter, model, shape, do_sample, temperature, row_prompt, use_router, ngram_branches)
         sequence = input_ids[r : r + 1]
         scores = process(r, sequence, last_logits[r])
         first = torch.multinomial(torch.softmax(scores, dim=-1), 1) if do_sample else scores.argmax().view(1)
@@ -268,8 +268,8 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
             packed = torch.stack([torch.nn.functional.pad(plan, (0, width - plan.numel())) for plan in plans])
             walks = [greedy_result(host, n, None, plan) for host, n, plan in zip(packed.tolist(), sizes, plans)]
         accepted = []
-        for r, (row, walk) in enumerate(zip(active, walks)):
-            row.stats.accepted_lengths.append(walk.num_accepted_drafts)
+        for r, (row, tree, walk) in enumerate(zip(active, trees, walks)):
+            row.stats.record(tree, walk)
             nodes = walk.node_tensor(device)
             accepted.append(nodes)
             row.pending_features = features[r, nodes]
@@ -292,6 +292,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
 
     for row in rows:
         stats.accepted_lengths += row.stats.accepted_lengths
+        stats.accepted_from_ngram += row.stats.accepted_from_ngram
     stats.new_tokens = sum(row.stats.new_tokens for row in rows)
     stats.target_forward_seconds = target.seconds
     stats.drafter_forward_seconds = sum(getattr(row.session, "forward_seconds", 0.0) for row in rows)

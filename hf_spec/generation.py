@@ -27,10 +27,25 @@ from .verify import verify_tree
 TREE_KWARGS = ("tree_depth", "tree_top_k", "tree_total_tokens")
 
 
-def new_session(drafter, model, shape, do_sample: bool, temperature: float, prompt_ids, use_router: bool | None):
+def new_session(drafter, model, shape, do_sample: bool, temperature: float, prompt_ids, use_router: bool | None,
+                ngram_branches: int | None = None):  # fmt: skip
     """The drafter's drafting session for one sequence; ``use_router`` (None: the drafter's
-    config) switches a CORAL LM-head router on or off for this call."""
+    config) switches a CORAL LM-head router on or off for this call; ``ngram_branches`` (None:
+    the drafter's config) sets how many context n-gram nodes a feature drafter grafts per tree."""
     session = drafter.new_drafting_session(model, shape, do_sample, temperature, prompt_ids=prompt_ids)
+    if ngram_branches is not None:
+        from .drafters.eagle import check_ngram_branches
+
+        check_ngram_branches(ngram_branches)
+        if not hasattr(session, "ngram_branches"):
+            if ngram_branches:
+                raise ValueError(
+                    f"ngram_branches={ngram_branches} grafts n-gram branches into a trained feature drafter's trees "
+                    f"(EagleDrafter, ParallelDrafter), not into {type(drafter).__name__}'s. Fix: drop ngram_branches "
+                    "(for n-gram trees alone, use hf_spec.NGramDrafter)."
+                )
+        else:
+            session.ngram_branches = ngram_branches
     if use_router is not None:
         if use_router and getattr(drafter, "router", None) is None:
             raise ValueError(
@@ -47,11 +62,14 @@ class GenerationStats:
     """What one speculative generate() call did.
 
     ``accepted_lengths``: drafted tokens accepted in each cycle (each cycle also emits one
-    target token). Seconds: ``target_forward_seconds`` (prefill + verification forwards),
+    target token); ``accepted_from_ngram``: how many of those were nodes that only n-gram
+    grafting drafted (``ngram_branches``), the rest came from the drafter
+    (:attr:`accepted_from_drafter`). Seconds: ``target_forward_seconds`` (prefill + verification forwards),
     ``drafter_forward_seconds`` (drafter forwards), ``total_seconds`` (the whole loop).
     """
 
     accepted_lengths: list[int] = field(default_factory=list)
+    accepted_from_ngram: int = 0
     new_tokens: int = 0
     target_forward_seconds: float = 0.0
     drafter_forward_seconds: float = 0.0
@@ -60,6 +78,17 @@ class GenerationStats:
     @property
     def cycles(self) -> int:
         return len(self.accepted_lengths)
+
+    @property
+    def accepted_from_drafter(self) -> int:
+        """Accepted drafted tokens that the drafter itself drafted."""
+        return sum(self.accepted_lengths) - self.accepted_from_ngram
+
+    def record(self, tree, walk) -> None:
+        """Count one verified cycle: its accepted drafts, and those from n-gram-only nodes."""
+        self.accepted_lengths.append(walk.num_accepted_drafts)
+        if tree.from_ngram is not None and walk.num_accepted_drafts:
+            self.accepted_from_ngram += sum(bool(tree.from_ngram[node]) for node in walk.nodes[1:])
 
     @property
     def tau(self) -> float:
@@ -194,6 +223,7 @@ def speculative_decode(
     tree_top_k: int | None = None,
     tree_total_tokens: int | None = None,
     use_router: bool | None = None,
+    ngram_branches: int | None = None,
     **model_kwargs,
 ):
     """Tree speculative decoding of ``model`` with ``drafter``.
@@ -216,7 +246,7 @@ def speculative_decode(
         return batched_speculative_decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                           drafter=drafter, shape=shape, do_sample=do_sample, temperature=temperature,
                                           attention_mask=model_kwargs.get("attention_mask"),
-                                          use_router=use_router)  # fmt: skip
+                                          use_router=use_router, ngram_branches=ngram_branches)  # fmt: skip
 
     stats = GenerationStats()
     drafter.last_generation_stats = stats
@@ -227,7 +257,7 @@ def speculative_decode(
     all_scores, all_logits = [], []
 
     input_ids = input_ids.to(model.device)
-    session = new_session(drafter, model, shape, do_sample, temperature, input_ids, use_router)
+    session = new_session(drafter, model, shape, do_sample, temperature, input_ids, use_router, ngram_branches)
     cache = compat.full_dynamic_cache()
     features = target.forward(input_ids, cache)
     last_logits = target.logits(features[-1])
@@ -277,7 +307,7 @@ def speculative_decode(
 
         walk = verify_tree(tree, target.logits(features), process_node if len(logits_processor) else None,
                            do_sample, keep_scores or keep_logits)  # fmt: skip
-        stats.accepted_lengths.append(walk.num_accepted_drafts)
+        stats.record(tree, walk)
         accepted = walk.node_tensor(features.device)
         keep_accepted(cache, past, accepted, contiguous=walk.accepted_contiguously)
         pending_features = features[accepted]

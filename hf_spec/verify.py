@@ -32,6 +32,19 @@ on rejection leaves p_{i+1} = norm(max(p_i - delta(c_i), 0)) = p_i with c_i remo
 holds for any q_i, so the emitted token still follows p_u. (Equivalently: the walk emits a
 draw x ~ p_u and follows x's child if x is a candidate, the best acceptance any lossless
 scheme can get from fixed candidates.)
+
+Mixed rows (``num_point_mass``: n-gram branches grafted into a trained drafter's tree, see
+:func:`hf_spec.drafters.ngram.graft_trie`): a row's first c candidates t_1..t_c are point
+masses fixed by the committed text, the rest d_1, d_2, ... were drawn without replacement
+from q_u. The point-mass steps run first: accept t_i with p_i(t_i), else remove t_i and
+renormalise. If all are rejected (probability 1 - p_u(T), T = {t_1..t_c}), p' = p_u with T
+removed and renormalised, and the usual min(1, p'/q) steps run over the d_j (a d_j in T has
+p'(d_j) = 0 and is always rejected). Both stages are instances of the lemma above, so the
+emitted token is t_i with probability p_u(t_i) and otherwise a draw from p', i.e. follows
+p_u. This needs T, and whether u is reached and has a row, to be independent of u's own
+draws d_j: the grafted trie is a function of the committed text alone in sampling mode, and
+sharing a node with an equal drafter child changes only which node a token leads to, never
+which tokens are candidates.
 """
 
 from __future__ import annotations
@@ -199,8 +212,9 @@ def walk_tree(
             probs = torch.softmax(scores.float(), dim=-1)
             if slot >= 0:
                 q = tree.draft_probs[slot].float() if tree.draft_probs is not None else None  # None: point masses
+                point_mass = int(tree.num_point_mass[slot]) if tree.num_point_mass is not None else 0
                 token, child = _rejection_sample(probs, q, tree.candidate_tokens[slot], tree.candidate_nodes[slot],
-                                                 generator)  # fmt: skip
+                                                 generator, point_mass)  # fmt: skip
             else:
                 token, child = int(torch.multinomial(probs, 1, generator=generator)), -1
         result.tokens.append(token)
@@ -210,28 +224,30 @@ def walk_tree(
         node = child
 
 
-def _rejection_sample(p, q, candidates, candidate_nodes, generator):
+def _rejection_sample(p, q, candidates, candidate_nodes, generator, num_point_mass: int = 0):
     """Recursive rejection sampling without replacement over one node's candidates.
 
-    ``q`` None: every candidate is a point-mass draft (q_i = delta(c_i), see the module docstring).
+    ``q`` None: every candidate is a point-mass draft (q_i = delta(c_i), see the module docstring);
+    else the first ``num_point_mass`` are, and the rest were drawn from ``q`` (mixed rows).
     Returns (emitted token, tree node of the accepted candidate or -1).
     """
+    point_mass = candidates.shape[0] if q is None else num_point_mass
+    for i in range(point_mass):
+        token = int(candidates[i])
+        if token < 0:
+            break
+        if float(torch.rand((), generator=generator, device=p.device)) < float(p[token]):
+            return token, int(candidate_nodes[i])
+        residual = p.clone()
+        residual[token] = 0.0
+        total = float(residual.sum())
+        if total <= 0.0:
+            break
+        p = residual / total
     if q is None:
-        for i in range(candidates.shape[0]):
-            token = int(candidates[i])
-            if token < 0:
-                break
-            if float(torch.rand((), generator=generator, device=p.device)) < float(p[token]):
-                return token, int(candidate_nodes[i])
-            residual = p.clone()
-            residual[token] = 0.0
-            total = float(residual.sum())
-            if total <= 0.0:
-                break
-            p = residual / total
         return int(torch.multinomial(p, 1, generator=generator)), -1
     q = q.clone()
-    for i in range(candidates.shape[0]):
+    for i in range(point_mass, candidates.shape[0]):
         token = int(candidates[i])
         if token < 0:
             break

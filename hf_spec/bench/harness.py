@@ -10,7 +10,9 @@ Methods (strings, as on the command line):
 - ``hf_spec:<path>``: an hf_spec drafter, ``target.generate(ids, assistant_model=drafter)``;
   ``hf_spec:<path>:no_router`` runs a CORAL drafter with its LM-head router off
   (``use_router=False``); ``hf_spec:<path>:exit=N`` runs a sorted (S2D) drafter as the fixed
-  sub-model of its first N layers (N one of its exits) instead of adaptive early exit.
+  sub-model of its first N layers (N one of its exits) instead of adaptive early exit;
+  ``hf_spec:<path>:ngram=N`` grafts up to N context n-gram nodes into each of a feature
+  drafter's trees (``ngram_branches=N``; the stats then count ``accepted_from_ngram``).
 - ``hf_spec:ngram`` or ``hf_spec:ngram:key=value:...``: the weightless context n-gram
   tree drafter (:class:`hf_spec.NGramDrafter`); keys: ``depth`` (max_depth), ``tokens``
   (num_draft_tokens), ``branches`` (max_branches), ``max_match``, ``min_match``,
@@ -155,7 +157,7 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
     from transformers import AutoModel
 
     options_text = []
-    while ":" in path and re.fullmatch(r"no_router|exit=\d+", path.rsplit(":", 1)[1]):
+    while ":" in path and re.fullmatch(r"no_router|exit=\d+|ngram=\d+", path.rsplit(":", 1)[1]):
         path, option = path.rsplit(":", 1)
         options_text.append(option)
     no_router = "no_router" in options_text
@@ -178,11 +180,15 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
             "drafter_forward_seconds": s.drafter_forward_seconds,
             "target_forward_seconds": s.target_forward_seconds,
             "accepted_lengths": list(s.accepted_lengths),
+            "accepted_from_ngram": s.accepted_from_ngram,
             "acceptance_by_position": [float(x) for x in s.acceptance_by_position()],
         }
 
     tree = {k: v for k, v in (tree or {}).items() if v is not None}
     options = {"use_router": False} if no_router else {}
+    ngram_branches = next((int(o.split("=")[1]) for o in options_text if o.startswith("ngram=")), None)
+    if ngram_branches is not None:
+        options["ngram_branches"] = ngram_branches
     info = {"drafter": path, **tree, **options}
     if ngram_options is not None:
         info.update(drafter="ngram", **{k: getattr(drafter.config, k) for k in (

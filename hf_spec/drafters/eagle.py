@@ -25,6 +25,7 @@ from ..cache import crop_to
 from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
+from .ngram import NGramBranches
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
 
 DECODER_LAYERS = {
@@ -53,6 +54,9 @@ class EagleDrafterConfig(SpecDrafterConfig):
         router_top_n: groups whose LM-head rows are computed per draft row (CORAL: 2).
         use_router: draft through the router when the checkpoint has one (``generate(...,
             use_router=False)`` turns it off for one call).
+        ngram_branches: up to this many nodes of context n-gram continuations are grafted
+            into each drafted tree (:class:`hf_spec.drafters.ngram.NGramBranches`; 0: off).
+            ``generate(..., ngram_branches=N)`` overrides it for one call.
     """
 
     model_type = "hf_spec_eagle"
@@ -65,8 +69,10 @@ class EagleDrafterConfig(SpecDrafterConfig):
         router_num_groups: int | None = None,
         router_top_n: int = 2,
         use_router: bool = True,
+        ngram_branches: int = 0,
         **kwargs,
     ):
+        self.ngram_branches = check_ngram_branches(ngram_branches)
         self.num_layers = num_layers
         self.layer_config = layer_config or {}
         self.router_num_groups = router_num_groups
@@ -253,7 +259,14 @@ class EagleDrafter(SpecDrafterModel):
         )
 
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
-        return EagleDraftingSession(self, shape, do_sample, temperature)
+        return EagleDraftingSession(self, shape, do_sample, temperature, prompt_ids)
+
+
+def check_ngram_branches(value) -> int:
+    """``value`` if it is a valid ``ngram_branches`` (an integer >= 0), else a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"ngram_branches must be an integer >= 0 (0: off), got {value!r}.")
+    return value
 
 
 class EagleDraftingSession:
@@ -262,10 +275,13 @@ class EagleDraftingSession:
     Drafter position t holds the pair (target feature f_t, token x_{t+1}). Each cycle,
     :meth:`propose` appends the pairs the last verification committed (the accepted path and
     the new root token), grows a dynamic tree whose nodes attend to the committed cache and
-    their own ancestors, then crops the tree's entries away again.
+    their own ancestors, then crops the tree's entries away again. With ``ngram_branches`` > 0
+    it also indexes prompt + committed tokens and grafts n-gram continuations into the tree
+    (:meth:`graft_ngram`); those nodes never run through the drafter, so its cache holds only
+    committed pairs, as without them.
     """
 
-    def __init__(self, drafter: EagleDrafter, shape: TreeShape, do_sample: bool, temperature: float):
+    def __init__(self, drafter: EagleDrafter, shape: TreeShape, do_sample: bool, temperature: float, prompt_ids=None):
         self.drafter = drafter
         self.shape = shape
         self.do_sample = do_sample
@@ -274,6 +290,25 @@ class EagleDraftingSession:
         self.committed = 0
         self.forward_seconds = 0.0
         self.use_router = drafter.router is not None and bool(drafter.config.use_router)
+        self.ngram_branches = getattr(drafter.config, "ngram_branches", 0)
+        """N-gram nodes grafted per tree (0: off); set before the first :meth:`propose`."""
+        self.prompt_ids = prompt_ids
+        self._ngram = None
+
+    def graft_ngram(self, tree: DraftTree, next_tokens: torch.Tensor) -> DraftTree:
+        """Index the committed ``next_tokens`` and graft up to ``ngram_branches`` n-gram nodes
+        into ``tree`` (unchanged when the option is off)."""
+        if self.ngram_branches <= 0:
+            return tree
+        start = time.perf_counter()
+        if self._ngram is None:
+            if self.prompt_ids is None:
+                raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
+            self._ngram = NGramBranches(self.prompt_ids)
+        self._ngram.extend(next_tokens)
+        tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample)
+        self.forward_seconds += time.perf_counter() - start
+        return tree
 
     def _run(self, tokens, features, positions, mask, last_only: bool = False):
         """One drafter forward; log-probabilities for every row, or for the last one only."""
@@ -323,6 +358,7 @@ class EagleDraftingSession:
             return out_logq
 
         try:
-            return grow_dynamic_tree(next_tokens[-1], logq[-1], expand, shape, self.do_sample)  # no host read
+            tree = grow_dynamic_tree(next_tokens[-1], logq[-1], expand, shape, self.do_sample)  # no host read
         finally:
             crop_to(self.cache, committed)
+        return self.graft_ngram(tree, next_tokens)

@@ -125,13 +125,15 @@ def find_continuations(index: NGramIndex, max_depth: int, max_occurrences: int):
 class TrieNodes:
     """A draft trie below a root (not included): node i has ``tokens[i]``, parent ``parents[i]``
     (-1: the root), ``depths[i]`` >= 1 and ``counts[i]`` occurrences passing through it, in
-    BFS order (parents first). ``occurrences``: continuations the trie was built from."""
+    BFS order (parents first), ``ranks[i]`` its rank (0 = best; a child ranks below its parent).
+    ``occurrences``: continuations the trie was built from."""
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     depths: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
     occurrences: int = 0
+    ranks: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -184,6 +186,7 @@ def build_trie(continuations, num_nodes: int, max_depth: int, max_branches: int)
         depths=[depth_of[i] for i in bfs],
         counts=[total[i] for i in bfs],
         occurrences=occurrences,
+        ranks=[kept[i] for i in bfs],
     )
 
 
@@ -209,6 +212,117 @@ def trie_to_draft_tree(root_token: int, trie: TrieNodes, device=None) -> DraftTr
     return DraftTree(tokens=tokens, parents=parents, depths=depths, scores=scores,
                      expanded=torch.tensor(expanded, dtype=torch.long, device=device),
                      candidate_tokens=candidate_tokens, candidate_nodes=candidate_nodes, draft_probs=None)  # fmt: skip
+
+
+def graft_trie(tree: DraftTree, trie: TrieNodes, max_new: int | None = None) -> DraftTree:
+    """``tree`` (a trained drafter's) with the branches of ``trie`` grafted under its root.
+
+    Trie nodes are taken best rank first (parents before children). A trie token that equals
+    an existing child is followed, not duplicated; any other becomes a new node (parent,
+    depth, its nearest drafted ancestor's score), at most ``max_new`` of them (None: all).
+    At every tree node u under a kept trie node, the tokens of u's kept trie children lead
+    u's candidate row as point-mass drafts (``num_point_mass``), shared or new node alike,
+    then u's drafter candidates as before; nodes without a row get one. The result is
+    renumbered in BFS order; ``from_ngram`` marks the new nodes. One host read of the tree.
+    """
+    device = tree.tokens.device
+    n, m, k = len(tree), tree.expanded.shape[0], tree.candidate_tokens.shape[1]
+    flat = torch.cat([tree.tokens, tree.parents, tree.depths, tree.expanded,
+                      tree.candidate_tokens.reshape(-1), tree.candidate_nodes.reshape(-1)]).tolist()  # fmt: skip
+    tokens, parents, depths = flat[:n], flat[n : 2 * n], flat[2 * n : 3 * n]
+    old_expanded = flat[3 * n : 3 * n + m]
+    cand = flat[3 * n + m :]
+    old_tokens = [cand[r * k : (r + 1) * k] for r in range(m)]
+    old_nodes = [cand[(m + r) * k : (m + r + 1) * k] for r in range(m)]
+    kids: list[dict[int, int]] = [{} for _ in range(n)]
+    for child in range(1, n):
+        kids[parents[child]].setdefault(tokens[child], child)
+    score_from = list(range(n))  # the drafted node whose score a node takes
+    mapped, point_mass, added = {-1: 0}, {}, 0
+    order = sorted(range(len(trie)), key=trie.ranks.__getitem__) if trie.ranks else range(len(trie))
+    for i in order:
+        parent = mapped.get(trie.parents[i])
+        if parent is None:
+            continue
+        token = trie.tokens[i]
+        node = kids[parent].get(token)
+        if node is None:
+            if max_new is not None and added >= max_new:
+                continue
+            node, added = len(tokens), added + 1
+            tokens.append(token), parents.append(parent), depths.append(depths[parent] + 1)
+            score_from.append(score_from[parent]), kids.append({})
+            kids[parent][token] = node
+        mapped[i] = node
+        point_mass.setdefault(parent, []).append(node)
+    if not point_mass:
+        return tree
+    slot = {node: s for s, node in enumerate(old_expanded)}
+    expanded = old_expanded + sorted(v for v in point_mass if v not in slot)
+    rows_tokens, rows_nodes = [], []
+    for s, v in enumerate(expanded):
+        pm = point_mass.get(v, [])
+        rows_tokens.append([tokens[c] for c in pm] + (old_tokens[s] if s < m else []))
+        rows_nodes.append(pm + (old_nodes[s] if s < m else []))
+    width = max(len(row) for row in rows_tokens)
+    total = len(tokens)
+    bfs = sorted(range(total), key=lambda i: (depths[i], i))
+    new_index = [0] * total
+    for new, old in enumerate(bfs):
+        new_index[old] = new
+
+    def remap(nodes):
+        return [new_index[v] if v >= 0 else -1 for v in nodes] + [-1] * (width - len(nodes))
+
+    def tensor(values, dtype=torch.long):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    draft_probs = tree.draft_probs
+    if draft_probs is not None and len(expanded) > m:
+        draft_probs = torch.cat([draft_probs, draft_probs.new_zeros(len(expanded) - m, draft_probs.shape[1])])
+    return DraftTree(
+        tokens=tensor([tokens[i] for i in bfs]),
+        parents=tensor([new_index[parents[i]] if parents[i] >= 0 else -1 for i in bfs]),
+        depths=tensor([depths[i] for i in bfs]),
+        scores=tree.scores[tensor([score_from[i] for i in bfs])],
+        expanded=tensor([new_index[v] for v in expanded]),
+        candidate_tokens=tensor([row + [-1] * (width - len(row)) for row in rows_tokens]),
+        candidate_nodes=tensor([remap(row) for row in rows_nodes]),
+        draft_probs=draft_probs,
+        num_point_mass=tensor([len(point_mass.get(v, [])) for v in expanded]),
+        from_ngram=torch.tensor([i >= n for i in bfs], dtype=torch.bool),
+    )
+
+
+class NGramBranches:
+    """Context n-gram branches for a trained drafter's trees (the ``ngram_branches`` option).
+
+    Keeps the :class:`NGramIndex` of prompt + committed tokens (:meth:`extend`, fed the same
+    committed tokens as the drafter) and grafts continuation tries into each tree
+    (:meth:`graft`). Greedy: up to ``branches`` NEW nodes, taken from a trie big enough that
+    nodes shared with the drafter's tree cost nothing. Sampling: the trie of ``branches``
+    nodes alone, grafted whole (so at most ``branches`` new nodes too): it then depends on the
+    committed text only, never on the drafter's draws, which is what keeps the mixed
+    point-mass/sampled rejection sampling of :mod:`hf_spec.verify` exact.
+    """
+
+    def __init__(self, prompt_ids: torch.Tensor, max_match: int = 4, min_match: int = 1, max_occurrences: int = 16):
+        self.max_occurrences = max_occurrences
+        self.index = NGramIndex(min_match, max_match)
+        self.index.extend(prompt_ids[0, :1].tolist())
+
+    def extend(self, next_tokens: torch.Tensor) -> None:
+        """Index newly committed tokens (one host read)."""
+        self.index.extend(next_tokens.tolist())
+
+    def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool) -> DraftTree:
+        """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: depth and branching)."""
+        if branches <= 0:
+            return tree
+        num_nodes = branches if sample else branches + len(tree) - 1
+        continuations = find_continuations(self.index, shape.depth, self.max_occurrences)
+        trie = build_trie(continuations, num_nodes, shape.depth, shape.top_k)
+        return graft_trie(tree, trie, max_new=None if sample else branches)
 
 
 class NGramDrafterConfig(SpecDrafterConfig):

@@ -145,7 +145,7 @@ class ParallelDrafter(EagleDrafter):
     def new_drafting_session(self, target, shape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         if not isinstance(shape, StaticTreeShape):
             shape = self.tree_shape(shape.depth, None, shape.total_tokens)
-        return ParallelDraftingSession(self, shape, do_sample, temperature)
+        return ParallelDraftingSession(self, shape, do_sample, temperature, prompt_ids)
 
 
 class ParallelDraftingSession(EagleDraftingSession):
@@ -158,8 +158,9 @@ class ParallelDraftingSession(EagleDraftingSession):
     earlier masks, so dropping later ones changes no distribution the tree uses.
     """
 
-    def __init__(self, drafter: ParallelDrafter, shape: StaticTreeShape, do_sample: bool, temperature: float):
-        super().__init__(drafter, shape, do_sample, temperature)
+    def __init__(self, drafter: ParallelDrafter, shape: StaticTreeShape, do_sample: bool, temperature: float,
+                 prompt_ids=None):  # fmt: skip
+        super().__init__(drafter, shape, do_sample, temperature, prompt_ids)
         self.num_masks = min(drafter.num_mask_tokens, shape.depth - 1)
         """[MASK] positions run per cycle: the tree's depth - 1."""
         self.last_logq = None
@@ -199,5 +200,6 @@ class ParallelDraftingSession(EagleDraftingSession):
     def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
         """Commit pairs (features[i], next_tokens[i]) and draft a static tree rooted at ``next_tokens[-1]``."""
         logq = self.draft_distributions(features, next_tokens)
-        return build_static_tree(int(next_tokens[-1]), logq, self.shape.widths, self.do_sample,
+        tree = build_static_tree(int(next_tokens[-1]), logq, self.shape.widths, self.do_sample,
                                  total_tokens=self.shape.total_tokens)  # fmt: skip
+        return self.graft_ngram(tree, next_tokens)

@@ -31,7 +31,13 @@ class DraftTree:
             ``-1`` where fewer than k exist.
         candidate_nodes: (m, k) the tree node holding each candidate, ``-1`` if pruned.
         draft_probs: (m, V) the draft distribution each expanded node's candidates came
-            from, or ``None`` (greedy drafting does not need it).
+            from, or ``None`` (greedy drafting does not need it; in sampling mode ``None``
+            means every candidate is a point-mass draft).
+        num_point_mass: (m,) how many leading candidates of each row are point-mass drafts
+            (fixed by the committed text, e.g. grafted n-gram branches) before the ones drawn
+            from ``draft_probs``; ``None``: none (or all, when ``draft_probs`` is None).
+        from_ngram: (n,) bool on the host, True for nodes that only n-gram grafting drafted
+            (for statistics); ``None``: no such nodes.
     """
 
     tokens: torch.Tensor
@@ -42,6 +48,8 @@ class DraftTree:
     candidate_tokens: torch.Tensor
     candidate_nodes: torch.Tensor
     draft_probs: torch.Tensor | None = None
+    num_point_mass: torch.Tensor | None = None
+    from_ngram: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

@@ -1,0 +1,227 @@
+"""Hybrid draft trees: context n-gram branches grafted into a trained drafter's tree (ngram_branches)."""
+
+import pytest
+import torch
+
+import hf_spec
+from conftest import make_target, oracle_pair, plain_generate, random_prompt
+from hf_spec.drafters.eagle import EagleDraftingSession
+from hf_spec.drafters.ngram import TrieNodes, graft_trie
+from hf_spec.tree.dynamic import draw_candidates
+from hf_spec.tree.tree import DraftTree
+from hf_spec.verify import _rejection_sample, greedy_plan
+from test_batched import pad_left, per_row_expected
+from test_ngram import target_text_prompt
+from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, warpers
+
+SHAPE = dict(tree_depth=4, tree_top_k=4, tree_total_tokens=12)
+
+
+def capture_trees(monkeypatch):
+    trees = []
+    original = EagleDraftingSession.graft_ngram
+
+    def graft(self, tree, next_tokens):
+        grafted = original(self, tree, next_tokens)
+        trees.append((tree, grafted))
+        return grafted
+
+    monkeypatch.setattr(EagleDraftingSession, "graft_ngram", graft)
+    return trees
+
+
+def check_tree(tree: DraftTree, base: DraftTree, budget: int):
+    """BFS order, no duplicate sibling tokens, the node budget, the base tree kept whole."""
+    parents, depths, tokens = tree.parents.tolist(), tree.depths.tolist(), tree.tokens.tolist()
+    assert len(tree) - 1 <= budget
+    assert depths == sorted(depths) and all(parents[i] < i and depths[i] == depths[parents[i]] + 1 for i in range(1, len(tree)))
+    siblings = {}
+    for i in range(1, len(tree)):
+        assert tokens[i] not in siblings.setdefault(parents[i], set()), "duplicate sibling token"
+        siblings[parents[i]].add(tokens[i])
+    paths = {tuple(tree.path_tokens(i).tolist()) for i in range(len(tree))}
+    assert all(tuple(base.path_tokens(i).tolist()) in paths for i in range(len(base)))
+    new = int(tree.from_ngram.sum()) if tree.from_ngram is not None else 0  # None: nothing grafted
+    assert new == len(tree) - len(base)
+
+
+# -- greedy ------------------------------------------------------------------------------------
+def test_greedy_matches_plain_and_ngram_nodes_are_accepted(family, monkeypatch):
+    target = make_target(family)
+    drafter = hf_spec.EagleDrafter.from_target(target)  # untrained: the n-gram nodes do the work
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    trees = capture_trees(monkeypatch)
+    out = target.generate(prompt, assistant_model=drafter, ngram_branches=8, max_new_tokens=40, do_sample=False,
+                          **SHAPE)  # fmt: skip
+    assert torch.equal(out, expected)
+    stats = drafter.last_generation_stats
+    assert stats.accepted_from_ngram > 0 and stats.tau > 2
+    assert stats.accepted_from_ngram + stats.accepted_from_drafter == sum(stats.accepted_lengths)
+    assert trees and any(len(g) > len(t) for t, g in trees)
+    for base, grafted in trees:
+        check_tree(grafted, base, SHAPE["tree_total_tokens"] + 8)
+    # Off (the config default): the same output, and no n-gram node.
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, do_sample=False, **SHAPE)
+    assert torch.equal(out, expected) and drafter.last_generation_stats.accepted_from_ngram == 0
+
+
+def test_trained_drafter_with_ngram_branches_matches_plain(monkeypatch):
+    target, drafter = oracle_pair("llama")
+    trees = capture_trees(monkeypatch)
+    for prompt in (target_text_prompt(target, seed=2), random_prompt(seed=5)):
+        expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+        out = target.generate(prompt, assistant_model=drafter, ngram_branches=6, max_new_tokens=40, do_sample=False)
+        assert torch.equal(out, expected)
+    for base, grafted in trees:
+        check_tree(grafted, base, drafter.config.tree_total_tokens + 6)
+    assert drafter.last_generation_stats.accepted_from_drafter > 0
+
+
+def test_config_field_is_the_default_and_the_kwarg_overrides_it():
+    target = make_target("llama")
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=8)
+    assert drafter.config.ngram_branches == 8
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=20, do_sample=False)
+    assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=20, **SHAPE), expected)
+    assert drafter.last_generation_stats.accepted_from_ngram > 0
+    target.generate(prompt, assistant_model=drafter, ngram_branches=0, max_new_tokens=20, **SHAPE)
+    assert drafter.last_generation_stats.accepted_from_ngram == 0
+    with pytest.raises(ValueError, match="ngram_branches must be an integer"):
+        target.generate(prompt, assistant_model=drafter, ngram_branches=-1, max_new_tokens=5)
+    with pytest.raises(ValueError, match="ngram_branches must be an integer"):
+        hf_spec.EagleDrafter.from_target(target, ngram_branches=1.5)
+    with pytest.raises(ValueError, match="feature drafter"):
+        target.generate(prompt, assistant_model=hf_spec.NGramDrafter(), ngram_branches=4, max_new_tokens=5)
+
+
+def test_parallel_drafter_with_ngram_branches_matches_plain():
+    target = make_target("qwen2")
+    drafter = hf_spec.ParallelDrafter.from_target(target)
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=30, do_sample=False)
+    out = target.generate(prompt, assistant_model=drafter, ngram_branches=8, max_new_tokens=30, do_sample=False)
+    assert torch.equal(out, expected)
+    assert drafter.last_generation_stats.accepted_from_ngram > 0
+
+
+def test_batch_matches_per_row_plain_greedy(family):
+    target = make_target(family)
+    drafter = hf_spec.EagleDrafter.from_target(target)
+    prompts = [target_text_prompt(target, seed=s)[0, 10 + 3 * s :] for s in (1, 2, 3)]
+    ids, mask = pad_left(prompts)
+    out = target.generate(ids, attention_mask=mask, assistant_model=drafter, do_sample=False, max_new_tokens=30,
+                          ngram_branches=8, **SHAPE)  # fmt: skip
+    assert torch.equal(out, per_row_expected(target, prompts, do_sample=False, max_new_tokens=30))
+    stats = drafter.last_generation_stats
+    assert len(stats.rows) == 3 and stats.accepted_from_ngram > 0
+    assert stats.accepted_from_ngram == sum(row.accepted_from_ngram for row in stats.rows)
+
+
+# -- grafting ------------------------------------------------------------------------------------
+def small_tree():
+    """root 0 -> (1: token 5, 2: token 6), 1 -> (3: token 7); token 9 drafted at the root but pruned."""
+    return DraftTree(tokens=torch.tensor([1, 5, 6, 7]), parents=torch.tensor([-1, 0, 0, 1]),
+                     depths=torch.tensor([0, 1, 1, 2]), scores=torch.tensor([0.0, -0.1, -0.2, -0.3]),
+                     expanded=torch.tensor([0, 1]), candidate_tokens=torch.tensor([[5, 6, 9], [7, 8, -1]]),
+                     candidate_nodes=torch.tensor([[1, 2, -1], [3, -1, -1]]))  # fmt: skip
+
+
+def test_graft_follows_shared_prefixes_and_respects_the_budget():
+    # trie: 5 -> 7 -> 4 (shares 5, 7), 9 (a pruned drafter candidate: a new node), 5 -> 3
+    trie = TrieNodes(tokens=[5, 9, 7, 3, 4], parents=[-1, -1, 0, 0, 2], depths=[1, 1, 2, 2, 3],
+                     counts=[3, 1, 2, 1, 2], occurrences=4, ranks=[0, 3, 1, 4, 2])  # fmt: skip
+    base = small_tree()
+    tree = graft_trie(base, trie)
+    check_tree(tree, base, len(base) - 1 + 3)
+    paths = {tuple(tree.path_tokens(i).tolist()): i for i in range(1, len(tree))}
+    assert set(paths) == {(5,), (6,), (9,), (5, 7), (5, 3), (5, 7, 4)}
+    assert tree.from_ngram.tolist() == [False, False, False, True, False, True, True]
+    # The root's row: its trie children first (point masses, rank order), then the drafter's candidates.
+    slot = tree.expanded.tolist().index(0)
+    assert tree.num_point_mass[slot] == 2
+    assert tree.candidate_tokens[slot].tolist()[:5] == [5, 9, 5, 6, 9]
+    assert tree.candidate_nodes[slot].tolist()[:5] == [paths[(5,)], paths[(9,)], paths[(5,)], paths[(6,)], -1]
+    # Greedy: a target that wants 9 then 3 walks into the grafted node, never the pruned candidate.
+    logits = torch.full((len(tree), 16), -10.0)
+    logits[0, 9] = 10.0
+    logits[paths[(9,)], 3] = 10.0
+    packed = greedy_plan(tree, logits).tolist()
+    assert packed[0] == 2 and packed[1 : 3] == [0, paths[(9,)]]
+    # The budget: at most max_new new nodes, best ranks first (5-7-4 outranks 9 and 5-3).
+    limited = graft_trie(base, trie, max_new=1)
+    assert len(limited) == len(base) + 1
+    assert {tuple(limited.path_tokens(i).tolist()) for i in range(1, len(limited))} >= {(5, 7, 4)}
+
+
+# -- sampling ----------------------------------------------------------------------------------
+def test_mixed_point_mass_and_sampled_candidates_rejection_sampling_is_exact():
+    """Point-mass candidates first, then candidates drawn without replacement from q: emits exactly p."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(VOCAB, generator=g) * 2, dim=-1)
+    q = torch.softmax(torch.randn(VOCAB, generator=g) * 2, dim=-1)
+    point_masses = torch.tensor([int(p.argmax()), int(q.argmax()), 3])  # overlaps the draws often
+    counts = torch.zeros(VOCAB)
+    draws = 20000
+    for _ in range(draws):
+        drawn, _ = draw_candidates(q.log().view(1, -1), 3, True, g)
+        candidates = torch.cat([point_masses, drawn[0]])
+        nodes = torch.arange(1, candidates.numel() + 1)
+        token, node = _rejection_sample(p, q, candidates, nodes, g, num_point_mass=3)
+        counts[token] += 1
+        assert node < 0 or int(candidates[node - 1]) == token
+    assert chi_square_pvalue(counts, p) > P_VALUE_FLOOR
+    # Negative control: the standard min(1, p/q) steps over ALL candidates as if drawn from q are biased.
+    wrong = torch.zeros(VOCAB)
+    for _ in range(draws):
+        drawn, _ = draw_candidates(q.log().view(1, -1), 3, True, g)
+        candidates = torch.cat([point_masses, drawn[0]])
+        token, _ = _rejection_sample(p, q, candidates, torch.arange(1, 7), g, num_point_mass=0)
+        wrong[token] += 1
+    assert chi_square_pvalue(wrong, p) < P_VALUE_FLOOR
+
+
+@pytest.mark.parametrize("warp", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)], ids=str)
+def test_sampled_distribution_equals_target(warp, monkeypatch):
+    target = make_target("llama", vocab_size=VOCAB, logit_scale=8.0, seed=3)
+    drafter = hf_spec.EagleDrafter.from_target(target)
+    seed_prompt = random_prompt(length=4, vocab_size=VOCAB, seed=11)
+    torch.manual_seed(0)
+    text = plain_generate(target, seed_prompt, max_new_tokens=24, do_sample=True, top_k=None, **warp)
+    prompt = torch.cat([text, seed_prompt], dim=1)  # sampled target text, then the same start again
+    exact = exact_joint(target, prompt, warpers(**warp))
+    trees = capture_trees(monkeypatch)
+    counts = torch.zeros([VOCAB] * 3)
+    from_ngram = 0
+    torch.manual_seed(1234)
+    for _ in range(1500):
+        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter,
+                              ngram_branches=4, max_new_tokens=3, do_sample=True, top_k=None, tree_depth=3,
+                              tree_top_k=2, tree_total_tokens=4, **warp)  # fmt: skip
+        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
+        from_ngram += drafter.last_generation_stats.accepted_from_ngram
+    p_value = chi_square_pvalue(counts, exact)
+    assert p_value > P_VALUE_FLOOR, p_value
+    assert from_ngram > 100  # n-gram nodes are accepted: the point-mass path is exercised
+    mixed = [t for _, t in trees if t.num_point_mass is not None and bool(
+        ((t.num_point_mass > 0) & ((t.candidate_tokens >= 0).sum(dim=1) > t.num_point_mass)).any())]  # fmt: skip
+    assert mixed  # rows with both point masses and sampled candidates occur
+
+
+def test_bench_method_suffix():
+    from hf_spec.bench.harness import parse_method
+
+    target = make_target("llama")
+    drafter = hf_spec.EagleDrafter.from_target(target)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as path:
+        drafter.save_pretrained(path)
+        method = parse_method(f"hf_spec:{path}:ngram=6", torch.float32)
+    assert method.generate_kwargs["ngram_branches"] == 6 and method.info["ngram_branches"] == 6
+    prompt = target_text_prompt(target)
+    model_drafter = method.generate_kwargs["assistant_model"]
+    target.generate(prompt, max_new_tokens=10, **method.generate_kwargs)
+    assert model_drafter.last_generation_stats.accepted_from_ngram > 0
+    assert method.stats()["accepted_from_ngram"] == model_drafter.last_generation_stats.accepted_from_ngram
