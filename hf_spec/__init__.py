@@ -19,6 +19,7 @@ from .drafters import (
     SpecDrafterConfig,
     SpecDrafterModel,
 )
+from .hub.convert import AutoDrafter
 from .generation import GenerationStats, install, speculative_decode, uninstall
 from .resources import PACKAGED_MODELS, load_packaged_model, packaged_model_path
 from .tree.dynamic import TreeShape
@@ -40,6 +41,7 @@ for _model_type, (_config_class, _model_class) in DRAFTER_CLASSES.items():
 install()
 
 __all__ = [
+    "AutoDrafter",
     "EagleDrafter",
     "EagleDrafterConfig",
     "NGramDrafter",

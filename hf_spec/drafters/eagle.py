@@ -138,6 +138,27 @@ class EagleDrafter(SpecDrafterModel):
         self._grouped_head = None
         self.post_init()
 
+    # hf-spec:hub-begin -- EAGLE/HASS conversion needs hf_spec itself; left out of the remote code.
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, target=None, target_config=None, **kwargs):
+        """transformers' ``from_pretrained`` for hf-spec checkpoints; EAGLE-1/2 and HASS checkpoints (local
+        directory or Hub repo) are converted (:func:`hf_spec.hub.convert.convert_eagle`, which needs
+        ``target`` or ``target_config``). With ``target`` the drafter comes back bound to it."""
+        from ..hub import convert
+
+        hub_kwargs = convert.split_hub_kwargs(kwargs)
+        layout, path = convert.resolve(pretrained_model_name_or_path, **hub_kwargs)
+        if layout == convert.EAGLE:
+            if cls is not EagleDrafter:
+                raise ValueError(f"{pretrained_model_name_or_path!r} is an EAGLE/HASS checkpoint, which converts to "
+                                 f"EagleDrafter, not {cls.__name__}. Fix: load it with EagleDrafter or AutoDrafter.")  # fmt: skip
+            return convert.convert_eagle(path, target, target_config, source=str(pretrained_model_name_or_path),
+                                         **kwargs)  # fmt: skip
+        drafter = super().from_pretrained(pretrained_model_name_or_path, *model_args, **hub_kwargs, **kwargs)
+        return drafter.bind(target) if target is not None else drafter
+
+    # hf-spec:hub-end
+
     def _build_router(self, num_groups: int) -> None:
         hidden = self.config.target_hidden_size
         act = self.config.layer_config.get("hidden_act", "silu")
