@@ -80,7 +80,10 @@ def _weight_names(weight_file: Path) -> list[str]:
 
         with safe_open(str(weight_file), framework="pt") as f:
             return list(f.keys())
-    return list(_load_weights(weight_file))
+    try:  # memory-mapped: names without reading the tensors (zip-format files, torch >= 1.6)
+        return list(torch.load(str(weight_file), weights_only=True, map_location="cpu", mmap=True))
+    except RuntimeError:
+        return list(_load_weights(weight_file))
 
 
 def _load_weights(weight_file: Path) -> dict[str, torch.Tensor]:
