@@ -7,15 +7,20 @@ the group-wise attention mask of Fig. 3 (``hf_spec.training.parallel``). Paper d
 AdamW β = (0.9, 0.95), lr 5e-5, no weight decay, global batch 32 (4 per device x 8
 accumulation here), 40 epochs; 4 parallel groups per training row.
 
-Reproduction of ``drafters/smollm2-135m-instruct-parallelspec`` with the data and budget of
-the HASS/EAGLE drafters (same feature cache, 120 steps x 8 sequences, lr 1e-3, 10 warmup
-steps, bf16 autocast, one thread; see drafters/README.md)::
+Reproduction of ``drafters/smollm2-135m-instruct-parallelspec`` (2-core CPU; data, budget and results in
+drafters/README.md; every drafter there shares the data and budget; the whole recipe is
+``training_scripts/recipes/smollm2_drafters.sh``). Changes for a 135M target and a CPU budget,
+all on the command line: lr 5e-4 with 20 warmup steps (the papers' schedules are for 100x more
+data), batch 8, sequences <= 512 tokens, one epoch, bf16 autocast::
 
-    python training_scripts/train_parallelspec.py --target_model smollm2-135m-instruct \\
-        --dataset runs/data/sharegpt-sd-smollm2.jsonl --feature_cache runs/features/sd256-512 \\
-        --max_length 512 --output_dir runs/parallelspec --max_steps 120 --per_device_train_batch_size 8 \\
-        --gradient_accumulation_steps 1 --learning_rate 1e-3 --warmup_steps 10 --bf16 --use_cpu \\
-        --logging_steps 10 --save_steps 40
+    python -m hf_spec.training.distill --target_model smollm2-135m-instruct --dataset sharegpt \\
+        --num_conversations 3200 --batch_size 64 --shard_examples 128 --threads 1 \\
+        --output runs/features/smollm2-sharegpt-distill
+    python training_scripts/train_parallelspec.py --target_model smollm2-135m-instruct --dataset sharegpt \\
+        --feature_cache runs/features/smollm2-sharegpt-distill --max_length 512 --num_train_epochs 1 \\
+        --per_device_train_batch_size 8 --learning_rate 5e-4 --warmup_steps 20 --bf16 --use_cpu \\
+        --logging_steps 10 --save_steps 50 --save_total_limit 2 --report_to none \\
+        --output_dir runs/train/parallelspec --gradient_accumulation_steps 1
 
 A killed run resumes from the last checkpoint in ``--output_dir``; ``accelerate launch`` runs
 several processes.

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The shipped SmolLM2-135M drafters, end to end on a 2-core CPU (drafters/README.md):
+#   1. self-distil 3,200 ShareGPT first turns, keeping the target's features (one target pass)
+#   2. train EAGLE, HASS, ParallelSpec and CORAL on that cache, one epoch each, same settings
+#   3. publish each into drafters/, tune its tree on held-aside prompts (3..5 of each set)
+#   4. benchmark: first 3 prompts of each set, then held-out prompts 6..8, all methods interleaved
+# Every step resumes: the distillation by shard, training from its last checkpoint (a DONE file marks a
+# finished run). Run one step at a time with STEPS="distill train publish bench".
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+STEPS=${STEPS:-distill train publish bench}
+METHODS=${METHODS:-hass eagle parallelspec coral}
+CACHE=runs/features/smollm2-sharegpt-distill
+D=drafters/smollm2-135m-instruct
+COMMON="--target_model smollm2-135m-instruct --dataset sharegpt --feature_cache $CACHE --max_length 512
+  --num_train_epochs 1 --per_device_train_batch_size 8 --learning_rate 5e-4 --warmup_steps 20 --bf16 --use_cpu
+  --logging_steps 10 --save_steps 50 --save_total_limit 2 --report_to none"
+
+if [[ " $STEPS " == *" distill "* ]]; then
+  OMP_NUM_THREADS=1 python -m hf_spec.training.distill --target_model smollm2-135m-instruct --dataset sharegpt \
+    --num_conversations 3200 --batch_size 64 --shard_examples 128 --threads 1 --output $CACHE
+fi
+if [[ " $STEPS " == *" train "* ]]; then
+  for method in $METHODS; do
+    out=runs/train/$method
+    [ -f $out/DONE ] && continue
+    case $method in
+      coral) extra="--w_csra 0.05 --router_max_steps 60" ;;
+      parallelspec) extra="--gradient_accumulation_steps 1" ;;
+      *) extra="" ;;
+    esac
+    OMP_NUM_THREADS=2 python training_scripts/train_$method.py $COMMON --output_dir $out $extra && touch $out/DONE
+  done
+fi
+if [[ " $STEPS " == *" publish "* ]]; then
+  for method in $METHODS; do
+    python training_scripts/publish_drafter.py runs/train/$method $D-$method \
+      --command "training_scripts/recipes/smollm2_drafters.sh (drafters/README.md)"
+    if [ "$method" != parallelspec ]; then  # ParallelSpec drafts a static tree: nothing to tune
+      hf-spec tune --target smollm2-135m-instruct --drafter $D-$method --dtype bfloat16 --threads 2 \
+        --prompts 3 --skip-prompts 3 --write --output benchmarks/tune/$method.json
+    fi
+  done
+fi
+if [[ " $STEPS " == *" bench "* ]]; then
+  methods="plain prompt_lookup hf_spec:ngram hf_spec:$D-eagle hf_spec:$D-hass hf_spec:$D-hass:ngram=8
+    hf_spec:$D-parallelspec hf_spec:$D-coral hf_spec:$D-coral:no_router"
+  out=benchmarks/smollm2-drafters-that-pay
+  hf-spec bench --target smollm2-135m-instruct --methods $methods --limit 3 --max-new-tokens 128 --dtype bfloat16 \
+    --threads 2 --output-dir $out/first3
+  hf-spec bench --target smollm2-135m-instruct --methods $methods --skip 6 --limit 3 --max-new-tokens 128 \
+    --dtype bfloat16 --threads 2 --output-dir $out/heldout
+  for method in $METHODS; do  # cards carry the first run's results
+    python training_scripts/publish_drafter.py runs/train/$method $D-$method --bench $out/first3/results.json \
+      --command "training_scripts/recipes/smollm2_drafters.sh (drafters/README.md)"
+  done
+fi
