@@ -3,7 +3,8 @@
 Reads the run's ``training_summary.json`` (written by every training script) for the card's
 training facts, and optionally a benchmark JSON (``hf-spec bench`` ``results.json``) for its
 results. Tree-shape fields already written into the destination's config by ``hf-spec tune
---write`` are kept when the drafter is re-published.
+--write`` are kept when the drafter is re-published (``--tree-from DIR`` takes them from another
+tuned folder instead).
 
     python training_scripts/publish_drafter.py runs/train/hass drafters/smollm2-135m-instruct-hass \\
         --command "bash runs/train_all.sh (see drafters/README.md)" --bench benchmarks/<run>/results.json
@@ -28,12 +29,14 @@ def main(argv=None):
     parser.add_argument("--command", default=None, help="the exact training command, for the card")
     parser.add_argument("--bench", default=None, help="benchmark results.json whose results go into the card")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--tree-from", default=None, help="copy the tuned tree shape of this drafter folder (e.g. to "
+                        "compare drafters of one architecture at the same shape)")
     args = parser.parse_args(argv)
 
     import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
 
     drafter = AutoModel.from_pretrained(args.source, dtype=getattr(torch, args.dtype))
-    tuned_config = os.path.join(args.destination, "config.json")
+    tuned_config = os.path.join(args.tree_from or args.destination, "config.json")
     if os.path.exists(tuned_config):
         previous = json.load(open(tuned_config))
         if "tree_tuned_for" in previous:  # keep the shape `hf-spec tune --write` chose for this folder

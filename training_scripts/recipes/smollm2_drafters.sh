@@ -2,7 +2,7 @@
 # The shipped SmolLM2-135M drafters, end to end on a 2-core CPU (drafters/README.md):
 #   1. self-distil 3,200 ShareGPT first turns, keeping the target's features (one target pass)
 #   2. train EAGLE, HASS, ParallelSpec and CORAL on that cache, one epoch each, same settings
-#   3. publish each into drafters/, tune its tree on held-aside prompts (3..5 of each set)
+#   3. publish each into drafters/; tune HASS's tree on held-aside prompts (3..5 of each set), same shape for EAGLE/CORAL
 #   4. benchmark: first 3 prompts of each set, then held-out prompts 6..8, all methods interleaved
 # Every step resumes: the distillation by shard, training from its last checkpoint (a DONE file marks a
 # finished run). Run one step at a time with STEPS="distill train publish bench".
@@ -12,6 +12,7 @@ STEPS=${STEPS:-distill train publish bench}
 METHODS=${METHODS:-hass eagle parallelspec coral}
 CACHE=runs/features/smollm2-sharegpt-distill
 D=drafters/smollm2-135m-instruct
+RECIPE="training_scripts/recipes/smollm2_drafters.sh (drafters/README.md)"
 COMMON="--target_model smollm2-135m-instruct --dataset sharegpt --feature_cache $CACHE --max_length 512
   --num_train_epochs 1 --per_device_train_batch_size 8 --learning_rate 5e-4 --warmup_steps 20 --bf16 --use_cpu
   --logging_steps 10 --save_steps 50 --save_total_limit 2 --report_to none"
@@ -33,13 +34,15 @@ if [[ " $STEPS " == *" train "* ]]; then
   done
 fi
 if [[ " $STEPS " == *" publish "* ]]; then
+  # HASS's tree is tuned on held-aside prompts (3..5 of each set); EAGLE and CORAL (same architecture) get the
+  # same shape, so their τ compare at equal trees. ParallelSpec drafts its own static tree.
+  python training_scripts/publish_drafter.py runs/train/hass $D-hass --command "$RECIPE"
+  hf-spec tune --target smollm2-135m-instruct --drafter $D-hass --dtype bfloat16 --threads 2 \
+    --prompts 3 --skip-prompts 3 --write --output benchmarks/tune/hass.json
   for method in $METHODS; do
-    python training_scripts/publish_drafter.py runs/train/$method $D-$method \
-      --command "training_scripts/recipes/smollm2_drafters.sh (drafters/README.md)"
-    if [ "$method" != parallelspec ]; then  # ParallelSpec drafts a static tree: nothing to tune
-      hf-spec tune --target smollm2-135m-instruct --drafter $D-$method --dtype bfloat16 --threads 2 \
-        --prompts 3 --skip-prompts 3 --write --output benchmarks/tune/$method.json
-    fi
+    [ "$method" = hass ] && continue
+    python training_scripts/publish_drafter.py runs/train/$method $D-$method --command "$RECIPE" \
+      $([ "$method" != parallelspec ] && echo --tree-from $D-hass)
   done
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
@@ -52,6 +55,6 @@ if [[ " $STEPS " == *" bench "* ]]; then
     --dtype bfloat16 --threads 2 --output-dir $out/heldout
   for method in $METHODS; do  # cards carry the first run's results
     python training_scripts/publish_drafter.py runs/train/$method $D-$method --bench $out/first3/results.json \
-      --command "training_scripts/recipes/smollm2_drafters.sh (drafters/README.md)"
+      --command "$RECIPE"
   done
 fi
