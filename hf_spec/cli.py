@@ -31,7 +31,7 @@ def _run_install_models(args: argparse.Namespace) -> int:
 
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
-    from .bench.datasets import BENCH_DATASETS
+    from .bench.datasets import ALL_DATASETS, BENCH_DATASETS
     from .bench.harness import DTYPES
     from .resources import DEFAULT_MODEL
 
@@ -40,7 +40,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
         "--methods", nargs="+", default=["plain", "prompt_lookup"],
         help="plain, prompt_lookup[:N], assisted:<model>, hf_spec:<drafter path> (plain is always run)",
     )
-    p.add_argument("--datasets", nargs="+", default=list(BENCH_DATASETS), choices=list(BENCH_DATASETS))
+    p.add_argument("--datasets", nargs="+", default=list(BENCH_DATASETS), choices=list(ALL_DATASETS),
+                   help="default: mt_bench humaneval gsm8k; code_edit adds input-grounded editing prompts")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each data set")
     p.add_argument("--skip", type=int, default=0, help="leave out the first N prompts of each data set (held-out runs)")
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -190,3 +190,15 @@ def test_skip_leaves_out_the_first_prompts_of_each_set():
         first = harness.build_prompts(OneTokenTemplate(), [name], limit=5)[name]
         held_out = harness.build_prompts(OneTokenTemplate(), [name], limit=2, skip=3)[name]
         assert [p["id"] for p in held_out] == [p["id"] for p in first[3:5]]
+
+
+def test_code_edit_prompts_carry_the_code_and_an_injected_bug():
+    from hf_spec.bench.datasets import BENCH_DATASETS, load_code_edit, load_humaneval
+
+    edits, originals = load_code_edit(), load_humaneval()
+    assert len(edits) == len(originals) and "code_edit" not in BENCH_DATASETS  # opt-in, defaults unchanged
+    typed, fixed = edits[0]["turns"][0], next(e for e in edits[1::2] if "bug" in e["turns"][0])["turns"][0]
+    assert "type hints" in typed and originals[0]["reference"].strip() in typed
+    original = originals[int(next(e for e in edits[1::2] if "bug" in e["turns"][0])["id"].split("/")[-1])]
+    assert original["reference"].strip() not in fixed  # the solution was changed
+    assert original["turns"][0].strip() in fixed  # the docstring/signature was not

@@ -97,6 +97,32 @@ BENCH_DATASETS: dict[str, Callable[[], list[Record]]] = {
     "humaneval": load_humaneval,
     "gsm8k": load_gsm8k,
 }
+"""The default benchmark sets (what ``hf-spec bench`` runs and ``hf-spec tune`` holds prompts aside from)."""
+
+_BUGS = (("<=", "<"), (">=", ">"), (" + 1", " - 1"), ("==", "!="))
+
+
+def load_code_edit() -> list[Record]:
+    """Input-grounded code editing, built from HumanEval's reference solutions: even records ask to
+    rewrite the function with type hints, odd ones to fix a bug injected into it (the first of
+    ``<=``→``<``, ``>=``→``>``, ``+ 1``→``- 1``, ``==``→``!=`` that occurs; type hints if none does).
+    Answers copy much of the prompt, as edits do in practice: the case context drafting is for."""
+    records = []
+    for i, r in enumerate(load_humaneval()):
+        bug = next(((a, b) for a, b in _BUGS if a in r["reference"]), None) if i % 2 else None
+        if bug is None:
+            code = (r["turns"][0] + r["reference"]).strip("\n")
+            turn = f"Rewrite this Python function with type hints, keeping its behaviour:\n\n```python\n{code}\n```"
+        else:  # the bug goes into the solution, never into the docstring
+            code = (r["turns"][0] + r["reference"].replace(bug[0], bug[1], 1)).strip("\n")
+            turn = f"This Python function has a bug. Fix it and return the whole corrected function:\n\n```python\n{code}\n```"
+        records.append(_record("code_edit", r["id"].split("/")[-1], [turn], reference=r["reference"]))
+    return records
+
+
+EXTRA_DATASETS: dict[str, Callable[[], list[Record]]] = {"code_edit": load_code_edit}
+"""Opt-in benchmark sets (``hf-spec bench --datasets ... code_edit``)."""
+ALL_DATASETS = {**BENCH_DATASETS, **EXTRA_DATASETS}
 
 _SHAREGPT_ROLES = {
     "human": "user",

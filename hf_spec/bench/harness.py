@@ -243,13 +243,13 @@ def build_prompts(tokenizer, datasets: Sequence[str], limit: int | None = None, 
     Returns ``{dataset: [{"id", "input_ids"}, ...]}``, the harness's input format
     (pre-tokenized prompts can be passed to :func:`run_benchmark` directly).
     """
-    from .datasets import BENCH_DATASETS, render_prompt
+    from .datasets import ALL_DATASETS, render_prompt
 
     prompts = {}
     for name in datasets:
-        if name not in BENCH_DATASETS:
-            raise ValueError(f"Unknown data set {name!r}; known: {sorted(BENCH_DATASETS)}")
-        records = BENCH_DATASETS[name]()[skip:][:limit]
+        if name not in ALL_DATASETS:
+            raise ValueError(f"Unknown data set {name!r}; known: {sorted(ALL_DATASETS)}")
+        records = ALL_DATASETS[name]()[skip:][:limit]
         prompts[name] = [{"id": r["id"], "input_ids": render_prompt(tokenizer, r)} for r in records]
     return prompts
 
