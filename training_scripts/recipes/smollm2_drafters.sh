@@ -3,7 +3,8 @@
 #   1. self-distil 3,200 ShareGPT first turns, keeping the target's features (one target pass)
 #   2. train EAGLE, HASS, ParallelSpec and CORAL on that cache, one epoch each, same settings
 #   3. publish each into drafters/; tune HASS's tree on held-aside prompts (3..5 of each set), same shape for EAGLE/CORAL
-#   4. benchmark: first 3 prompts of each set, then held-out prompts 6..8, all methods interleaved
+#   4. benchmark: first 3 prompts of each set, then held-out prompts 6..8, all methods interleaved; then
+#      input-grounded code editing (plain, prompt lookup, n-gram, HASS, HASS + n-gram branches)
 # Every step resumes: the distillation by shard, training from its last checkpoint (a DONE file marks a
 # finished run). Run one step at a time with STEPS="distill train publish bench".
 set -euo pipefail
@@ -53,6 +54,9 @@ if [[ " $STEPS " == *" bench "* ]]; then
     --threads 2 --output-dir $out/first3
   hf-spec bench --target smollm2-135m-instruct --methods $methods --skip 6 --limit 3 --max-new-tokens 128 \
     --dtype bfloat16 --threads 2 --output-dir $out/heldout
+  hf-spec bench --target smollm2-135m-instruct --datasets code_edit --limit 4 --max-new-tokens 128 --dtype bfloat16 \
+    --threads 2 --methods plain prompt_lookup hf_spec:ngram hf_spec:$D-hass hf_spec:$D-hass:ngram=8 \
+    --output-dir $out/code_edit
   for method in $METHODS; do  # cards carry the first run's results
     python training_scripts/publish_drafter.py runs/train/$method $D-$method --bench $out/first3/results.json \
       --command "$RECIPE"
