@@ -19,7 +19,22 @@ import os
 import torch
 from transformers import AutoModel
 
-TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_tuned_for")
+TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_widths", "ngram_branches", "tree_tuned_for")
+
+
+def card_results(path: str, method: str) -> dict:
+    """The card's benchmark entries (``hf_spec.hub.cards`` schema) for ``method`` from an ``hf-spec bench``
+    results.json: τ, speedup over plain greedy and tokens/s per data set, with the run's provenance."""
+    run = json.load(open(path))
+    if method not in run["summary"]["all"]:
+        raise SystemExit(f"{path} has no method {method!r}; it has {sorted(run['summary']['all'])}")
+    machine = run["machine"]
+    machine = machine if isinstance(machine, str) else ", ".join(f"{k} {v}" for k, v in machine.items())
+    entries = [{"dataset": name, "tau": rows[method]["tau"], "speedup": rows[method]["speedup"],
+                "tokens_per_s": rows[method]["tokens_per_s"]}
+               for name, rows in run["summary"].items() if name != "all" and method in rows]  # fmt: skip
+    return {"machine": machine, "date": run["date"][:10], "command": run["command"],
+            "baseline": "plain greedy generate(), same run", "results": entries}  # fmt: skip
 
 
 def main(argv=None):
@@ -27,8 +42,15 @@ def main(argv=None):
     parser.add_argument("source", help="training output directory (drafter + training_summary.json)")
     parser.add_argument("destination", help="folder to write (e.g. drafters/<target>-<method>)")
     parser.add_argument("--command", default=None, help="the exact training command, for the card")
-    parser.add_argument("--bench", default=None, help="benchmark results.json whose results go into the card")
+    parser.add_argument("--bench", default=None, help="`hf-spec bench` results.json whose rows for this drafter go into "
+                        "the card")
+    parser.add_argument("--bench-method", default=None, help="the drafter's method name in that run (default: "
+                        "hf_spec:<destination>)")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--tree-widths", type=int, nargs="+", default=None, help="static tree widths per depth "
+                        "(ParallelSpec), recorded as the chosen shape")
+    parser.add_argument("--ngram-branches", type=int, default=None, help="default n-gram nodes grafted onto the "
+                        "drafter's trees (set where the benchmark measured it faster)")
     parser.add_argument("--tree-from", default=None, help="copy the tuned tree shape of this drafter folder (e.g. to "
                         "compare drafters of one architecture at the same shape)")
     args = parser.parse_args(argv)
@@ -41,9 +63,22 @@ def main(argv=None):
         previous = json.load(open(tuned_config))
         if "tree_tuned_for" in previous:  # keep the shape `hf-spec tune --write` chose for this folder
             for key in TUNED_FIELDS:
-                setattr(drafter.config, key, previous[key])
-                if key != "tree_tuned_for":
-                    setattr(drafter.generation_config, key, previous[key])
+                if key in previous:
+                    setattr(drafter.config, key, previous[key])
+                    if key != "tree_tuned_for":
+                        setattr(drafter.generation_config, key, previous[key])
+    if args.tree_widths:  # a static-tree drafter (ParallelSpec): depth, top-k and size follow from the widths
+        from hf_spec.tree.static import static_tree_size
+
+        widths = list(args.tree_widths)
+        shape = {"tree_widths": widths, "tree_depth": len(widths), "tree_top_k": widths[0],
+                 "tree_total_tokens": static_tree_size(widths)[0]}  # fmt: skip
+        for key, value in shape.items():
+            setattr(drafter.config, key, value)
+            setattr(drafter.generation_config, key, value)
+        drafter.config.tree_tuned_for = {"chosen_by": "publish_drafter.py --tree-widths (see drafters/README.md)"}
+    if args.ngram_branches is not None:
+        drafter.config.ngram_branches = args.ngram_branches
     info = {}
     for name in ("drafter/training_summary.json", "training_summary.json", "router_training_summary.json"):
         path = os.path.join(args.source, name)  # CORAL: stage 1 in drafter/, the router beside it
@@ -55,7 +90,8 @@ def main(argv=None):
     info["datasets"] = ["ShareGPT first turns, self-distilled by the target (hf_spec.training.distill)"]
     if args.command:
         info["command"] = args.command
-    drafter.save_pretrained(args.destination, bench_results=args.bench, training_info=info)
+    bench = card_results(args.bench, args.bench_method or f"hf_spec:{args.destination.rstrip('/')}") if args.bench else None
+    drafter.save_pretrained(args.destination, bench_results=bench, training_info=info)
     print(f"published {args.source} -> {args.destination}: {sorted(os.listdir(args.destination))}")
 
 
