@@ -61,6 +61,7 @@ def main(argv=None):
     methods = [parse_method("plain", torch.bfloat16, tokenizer, {}), parse_method("prompt_lookup", torch.bfloat16, tokenizer, {})]
     for size in args.sizes:
         drafter = copy.deepcopy(base)
+        drafter.config.ngram_branches = 0  # the drafter's own trees only: the vocabulary is what varies
         if size:
             drafter.set_draft_vocab(counts, size)
         else:
