@@ -11,8 +11,8 @@ from hf_spec.tree.dynamic import draw_candidates
 from hf_spec.tree.tree import DraftTree
 from hf_spec.verify import _rejection_sample, greedy_plan
 from test_batched import pad_left, per_row_expected
-from test_ngram import target_text_prompt
-from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, warpers
+from test_ngram import repetitive_sampling_case, target_text_prompt
+from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue
 
 SHAPE = dict(tree_depth=4, tree_top_k=4, tree_total_tokens=12)
 
@@ -184,13 +184,8 @@ def test_mixed_point_mass_and_sampled_candidates_rejection_sampling_is_exact():
 
 @pytest.mark.parametrize("warp", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)], ids=str)
 def test_sampled_distribution_equals_target(warp, monkeypatch):
-    target = make_target("llama", vocab_size=VOCAB, logit_scale=8.0, seed=3)
+    target, prompt, exact = repetitive_sampling_case(warp)
     drafter = hf_spec.EagleDrafter.from_target(target)
-    seed_prompt = random_prompt(length=4, vocab_size=VOCAB, seed=11)
-    torch.manual_seed(0)
-    text = plain_generate(target, seed_prompt, max_new_tokens=24, do_sample=True, top_k=None, **warp)
-    prompt = torch.cat([text, seed_prompt], dim=1)  # sampled target text, then the same start again
-    exact = exact_joint(target, prompt, warpers(**warp))
     trees = capture_trees(monkeypatch)
     counts = torch.zeros([VOCAB] * 3)
     from_ngram = 0

@@ -197,14 +197,20 @@ def test_point_mass_rejection_sampling_is_exact():
     assert chi_square_pvalue(counts, wrong) < P_VALUE_FLOOR
 
 
-@pytest.mark.parametrize("warp", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)], ids=str)
-def test_sampled_distribution_equals_target(warp, monkeypatch):
+def repetitive_sampling_case(warp):
+    """(target, prompt, exact joint law of the next 3 tokens): the prompt is sampled target text followed by
+    its own start again, so the context's n-grams are likely continuations under ``warp``."""
     target = make_target("llama", vocab_size=VOCAB, logit_scale=8.0, seed=3)
     seed_prompt = random_prompt(length=4, vocab_size=VOCAB, seed=11)
     torch.manual_seed(0)
     text = plain_generate(target, seed_prompt, max_new_tokens=24, do_sample=True, top_k=None, **warp)
-    prompt = torch.cat([text, seed_prompt], dim=1)  # sampled target text, then the same start again
-    exact = exact_joint(target, prompt, warpers(**warp))
+    prompt = torch.cat([text, seed_prompt], dim=1)
+    return target, prompt, exact_joint(target, prompt, warpers(**warp))
+
+
+@pytest.mark.parametrize("warp", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)], ids=str)
+def test_sampled_distribution_equals_target(warp, monkeypatch):
+    target, prompt, exact = repetitive_sampling_case(warp)
     trees = capture_trees(monkeypatch)
     drafter = hf_spec.NGramDrafter(max_depth=3)
     counts = torch.zeros([VOCAB] * 3)

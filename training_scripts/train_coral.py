@@ -9,20 +9,10 @@ groups (ordered by the training data's assistant-token frequency) trained agains
 probability mass per group; top-2 groups at inference. Saved, with the drafter, to
 ``<output_dir>``.
 
-Reproduction of ``drafters/smollm2-135m-instruct-coral`` (2-core CPU; data, budget and results in
-drafters/README.md; every drafter there shares the data and budget; the whole recipe is
-``training_scripts/recipes/smollm2_drafters.sh``). Changes for a 135M target and a CPU budget,
-all on the command line: lr 5e-4 with 20 warmup steps (the papers' schedules are for 100x more
-data), batch 8, sequences <= 512 tokens, one epoch, bf16 autocast::
-
-    python -m hf_spec.training.distill --target_model smollm2-135m-instruct --dataset sharegpt \\
-        --num_conversations 3200 --batch_size 64 --shard_examples 128 --threads 1 \\
-        --output runs/features/smollm2-sharegpt-distill
-    python training_scripts/train_coral.py --target_model smollm2-135m-instruct --dataset sharegpt \\
-        --feature_cache runs/features/smollm2-sharegpt-distill --max_length 512 --num_train_epochs 1 \\
-        --per_device_train_batch_size 8 --learning_rate 5e-4 --warmup_steps 20 --bf16 --use_cpu \\
-        --logging_steps 10 --save_steps 50 --save_total_limit 2 --report_to none \\
-        --output_dir runs/train/coral --w_csra 0.05 --router_max_steps 60
+Reproduction of ``drafters/smollm2-135m-instruct-coral``: the shared recipe
+``training_scripts/recipes/smollm2_drafters.sh`` (data, budget, settings and results in
+drafters/README.md); this script's step is ``METHODS=coral STEPS=train
+training_scripts/recipes/smollm2_drafters.sh``.
 
 A killed stage-1 run resumes from its last checkpoint; ``accelerate launch`` runs several processes.
 """

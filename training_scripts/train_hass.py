@@ -4,20 +4,10 @@ HASS = EAGLE's architecture, optimiser and losses (see ``train_eagle.py``) + Top
 distillation (K = 10, w = 1.0) + 3-step harmonized context alignment with step weights
 β^(j-1), β = 1.0 (``HassTrainingArguments``). A step costs about 3 EAGLE steps.
 
-Reproduction of ``drafters/smollm2-135m-instruct-hass`` (2-core CPU; data, budget and results in
-drafters/README.md; every drafter there shares the data and budget; the whole recipe is
-``training_scripts/recipes/smollm2_drafters.sh``). Changes for a 135M target and a CPU budget,
-all on the command line: lr 5e-4 with 20 warmup steps (the papers' schedules are for 100x more
-data), batch 8, sequences <= 512 tokens, one epoch, bf16 autocast::
-
-    python -m hf_spec.training.distill --target_model smollm2-135m-instruct --dataset sharegpt \\
-        --num_conversations 3200 --batch_size 64 --shard_examples 128 --threads 1 \\
-        --output runs/features/smollm2-sharegpt-distill
-    python training_scripts/train_hass.py --target_model smollm2-135m-instruct --dataset sharegpt \\
-        --feature_cache runs/features/smollm2-sharegpt-distill --max_length 512 --num_train_epochs 1 \\
-        --per_device_train_batch_size 8 --learning_rate 5e-4 --warmup_steps 20 --bf16 --use_cpu \\
-        --logging_steps 10 --save_steps 50 --save_total_limit 2 --report_to none \\
-        --output_dir runs/train/hass
+Reproduction of ``drafters/smollm2-135m-instruct-hass``: the shared recipe
+``training_scripts/recipes/smollm2_drafters.sh`` (data, budget, settings and results in
+drafters/README.md); this script's step is ``METHODS=hass STEPS=train
+training_scripts/recipes/smollm2_drafters.sh``.
 
 Several processes: ``accelerate launch --multi_gpu --num_processes 2 training_scripts/train_hass.py ...``
 (``--multi_gpu`` also on CPU-only machines: accelerate then starts gloo DDP processes).

@@ -7,20 +7,10 @@ the group-wise attention mask of Fig. 3 (``hf_spec.training.parallel``). Paper d
 AdamW β = (0.9, 0.95), lr 5e-5, no weight decay, global batch 32 (4 per device x 8
 accumulation here), 40 epochs; 4 parallel groups per training row.
 
-Reproduction of ``drafters/smollm2-135m-instruct-parallelspec`` (2-core CPU; data, budget and results in
-drafters/README.md; every drafter there shares the data and budget; the whole recipe is
-``training_scripts/recipes/smollm2_drafters.sh``). Changes for a 135M target and a CPU budget,
-all on the command line: lr 5e-4 with 20 warmup steps (the papers' schedules are for 100x more
-data), batch 8, sequences <= 512 tokens, one epoch, bf16 autocast::
-
-    python -m hf_spec.training.distill --target_model smollm2-135m-instruct --dataset sharegpt \\
-        --num_conversations 3200 --batch_size 64 --shard_examples 128 --threads 1 \\
-        --output runs/features/smollm2-sharegpt-distill
-    python training_scripts/train_parallelspec.py --target_model smollm2-135m-instruct --dataset sharegpt \\
-        --feature_cache runs/features/smollm2-sharegpt-distill --max_length 512 --num_train_epochs 1 \\
-        --per_device_train_batch_size 8 --learning_rate 5e-4 --warmup_steps 20 --bf16 --use_cpu \\
-        --logging_steps 10 --save_steps 50 --save_total_limit 2 --report_to none \\
-        --output_dir runs/train/parallelspec --gradient_accumulation_steps 1
+Reproduction of ``drafters/smollm2-135m-instruct-parallelspec``: the shared recipe
+``training_scripts/recipes/smollm2_drafters.sh`` (data, budget, settings and results in
+drafters/README.md); this script's step is ``METHODS=parallelspec STEPS=train
+training_scripts/recipes/smollm2_drafters.sh``.
 
 A killed run resumes from the last checkpoint in ``--output_dir``; ``accelerate launch`` runs
 several processes.
