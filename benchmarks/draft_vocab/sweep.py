@@ -46,7 +46,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
 
     import hf_spec
-    from hf_spec.bench.harness import BenchSettings, Method, build_prompts, load_model, parse_method, run_benchmark, run_metadata, summarize
+    from hf_spec.bench.harness import BenchSettings, Method, build_prompts, drafter_stats, load_model, parse_method, run_benchmark, run_metadata, summarize
     from hf_spec.bench.report import write_report
     from hf_spec.bench.datasets import BENCH_DATASETS
     from hf_spec.training.data import load_feature_cache
@@ -67,7 +67,7 @@ def main(argv=None):
         else:
             drafter.clear_draft_vocab()
         name = f"hf_spec:vocab={size or 'full'}"
-        methods.append(Method(name, {"assistant_model": drafter}, _stats(drafter), {"drafter": args.drafter, "draft_vocab_size": size or None}))
+        methods.append(Method(name, {"assistant_model": drafter}, drafter_stats(drafter), {"drafter": args.drafter, "draft_vocab_size": size or None}))
 
     # coverage: the target's own greedy tokens on the benchmarked prompts
     greedy = []
@@ -102,15 +102,6 @@ def main(argv=None):
         table.append(f"| {m} | {cov} | {s.get('tau') or 1:.2f} | {s['tokens_per_s']:.1f} | {s['speedup']:.2f}x |")
     Path(args.out, "sweep.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
-
-
-def _stats(drafter):
-    def stats():
-        s = drafter.last_generation_stats
-        return {"drafter_tau": float(s.tau), "cycles": s.cycles, "drafter_forward_seconds": s.drafter_forward_seconds,
-                "target_forward_seconds": s.target_forward_seconds, "accepted_lengths": list(s.accepted_lengths)}  # fmt: skip
-
-    return stats
 
 
 if __name__ == "__main__":

@@ -152,6 +152,24 @@ def _ngram_drafter(spec: str, name: str):
     return hf_spec.NGramDrafter(**options), options
 
 
+def drafter_stats(drafter) -> Callable[[], dict[str, Any]]:
+    """The per-call statistics of an hf-spec drafter's last ``generate()`` (a :class:`Method`'s ``stats``)."""
+
+    def stats() -> dict[str, Any]:
+        s = drafter.last_generation_stats
+        return {
+            "drafter_tau": float(s.tau),
+            "cycles": s.cycles,
+            "drafter_forward_seconds": s.drafter_forward_seconds,
+            "target_forward_seconds": s.target_forward_seconds,
+            "accepted_lengths": list(s.accepted_lengths),
+            "accepted_from_ngram": s.accepted_from_ngram,
+            "acceptance_by_position": [float(x) for x in s.acceptance_by_position()],
+        }
+
+    return stats
+
+
 def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None = None) -> Method:
     import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
     from transformers import AutoModel
@@ -172,17 +190,7 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
             raise ValueError(f"{name}: ':exit=N' needs a sorted (S2D) drafter, {path} holds a {type(drafter).__name__}")
         drafter.use_fixed_exit(fixed_exit)
 
-    def stats() -> dict[str, Any]:
-        s = drafter.last_generation_stats
-        return {
-            "drafter_tau": float(s.tau),
-            "cycles": s.cycles,
-            "drafter_forward_seconds": s.drafter_forward_seconds,
-            "target_forward_seconds": s.target_forward_seconds,
-            "accepted_lengths": list(s.accepted_lengths),
-            "accepted_from_ngram": s.accepted_from_ngram,
-            "acceptance_by_position": [float(x) for x in s.acceptance_by_position()],
-        }
+    stats = drafter_stats(drafter)
 
     tree = {k: v for k, v in (tree or {}).items() if v is not None}
     options = {"use_router": False} if no_router else {}

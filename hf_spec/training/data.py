@@ -333,8 +333,7 @@ def self_distill(
     print(f"[hf_spec] self-distill: {len(done)} done, {len(todo)} to go -> {output_path}", flush=True)
     tokenizer.padding_side = "left"
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = target.generation_config.eos_token_id
-    stop_ids = (set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}) - {None}
+    stop_ids = stop_token_ids(target, tokenizer)
     os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
     with open(output_path, "a") as out:
         written = len(done)
@@ -371,6 +370,12 @@ def self_distill(
                     written += 1
             out.flush()
     return output_path
+
+
+def stop_token_ids(target, tokenizer) -> set[int]:
+    """The ids that end an answer: the target's generation-config EOS id(s) and the tokenizer's EOS."""
+    eos = target.generation_config.eos_token_id
+    return (set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}) - {None}
 
 
 def _plain_generate(target, batch, max_new_tokens, pad_id):

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .data import _META_FILE, _features_schema, _to_storage
+from .data import _META_FILE, _features_schema, _to_storage, stop_token_ids
 
 DISTILL_LOG = "distill_log.jsonl"
 
@@ -130,8 +130,7 @@ def distill_features(
     prompts.sort(key=lambda p: len(p["prompt_ids"]))  # similar lengths per batch: little padding
     hidden_size = target.config.get_text_config().hidden_size
     schema = _features_schema(hidden_size, storage)
-    eos = target.generation_config.eos_token_id
-    stop_ids = (set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}) - {None}
+    stop_ids = stop_token_ids(target, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     shards = [prompts[i : i + shard_examples] for i in range(0, len(prompts), shard_examples)]
     print(f"[hf_spec] distill: {len(prompts)} prompts (<= {max_prompt_tokens} tokens) in {len(shards)} shards, "
