@@ -95,3 +95,28 @@ def test_feature_trainers_batch_similar_lengths(tmp_path):
     batches = [[lengths[i] for i in order[k : k + 4]] for k in range(0, len(order) - 3, 4)]
     spread = sum(max(b) - min(b) for b in batches) / len(batches)
     assert spread < (max(lengths) - min(lengths)) / 2  # batches hold similar lengths
+
+
+def test_an_interrupted_distillation_is_already_a_trainable_cache(tmp_path, monkeypatch):
+    from hf_spec.training import distill
+
+    target, tok = make_target("llama", vocab_size=64, logit_scale=3.0), tiny_chat_tokenizer()
+    calls = []
+    real = distill.greedy_with_features
+
+    def killed_after_two_batches(*args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(distill, "greedy_with_features", killed_after_two_batches)
+    out = str(tmp_path / "cache")
+    try:
+        distill_features(target, tok, _conversations(10, seed=4), out, max_new_tokens=5, max_prompt_tokens=64,
+                         batch_size=2, shard_examples=2, limit=6)
+    except KeyboardInterrupt:
+        pass
+    dataset, _ = load_feature_cache(out)  # the two finished shards, with their metadata
+    meta = json.loads((tmp_path / "cache" / "hf_spec_features.json").read_text())
+    assert len(dataset) == meta["num_examples"] == 4

@@ -168,6 +168,8 @@ def distill_features(
         Dataset.from_dict(rows, features=schema).save_to_disk(str(path))
         with open(Path(output_dir, "conversations.jsonl"), "a") as out:
             out.writelines(json.dumps(r) + "\n" for r in records)
+        # after every shard, so an interrupted or still running distillation can already be trained on
+        meta = write_cache_meta(output_dir, target, storage, max_new_tokens, max_prompt_tokens)
     progress.close()
     meta = write_cache_meta(output_dir, target, storage, max_new_tokens, max_prompt_tokens)
     print(f"[hf_spec] distill done: {meta['num_examples']} examples, {meta['num_tokens']} tokens, "

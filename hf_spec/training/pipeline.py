@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -21,6 +22,7 @@ from ..drafters.router import frequency_order
 from ..resources import cache_dir
 from .collators import FeatureCollator
 from .data import (
+    _META_FILE,
     FEATURE_DTYPES,
     build_feature_cache,
     feature_cache_dir,
@@ -67,7 +69,7 @@ def prepare_features(data_args: DataArguments, training_args):
         training_args.max_length, data_args.feature_storage,
     )  # fmt: skip
     with training_args.main_process_first(desc="feature cache"):
-        if not os.path.exists(os.path.join(cache, "hf_spec_features.json")):
+        if not os.path.exists(os.path.join(cache, _META_FILE)):
             conversations = load_conversations(data_args.dataset, data_args.num_conversations)
             build_feature_cache(target, tokenizer, conversations, cache, training_args.max_length,
                                 data_args.feature_storage)  # fmt: skip
@@ -87,8 +89,8 @@ def assistant_token_counts(dataset, vocab_size: int) -> torch.Tensor:
 def cache_is_self_distilled(cache: str) -> bool:
     """Whether a feature cache was written by :func:`hf_spec.training.distill.distill_features`, i.e. its
     answer tokens are the target's own greedy choices."""
-    meta = os.path.join(cache, "hf_spec_features.json")
-    return os.path.exists(meta) and json.load(open(meta)).get("source") == "distill_features"
+    meta = Path(cache, _META_FILE)
+    return meta.exists() and json.loads(meta.read_text()).get("source") == "distill_features"
 
 
 def attach_draft_vocab(drafter, dataset, size: int | None) -> float | None:
