@@ -198,7 +198,7 @@ class ParallelTrainingArguments(TrainingArguments):
     max_length: int = field(default=2048, metadata={"help": "training sequences are truncated to this many tokens"})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep hidden_states etc. in batches."})
     train_sampling_strategy: str = field(default="group_by_length", metadata={"help": "batches of similar lengths "
-        "(less padding: 22% fewer padded positions than random batches on the distilled SmolLM2 cache)"})  # fmt: skip
+        "(less padding: 22 percent fewer padded positions than random batches on the distilled SmolLM2 cache)"})  # fmt: skip
 
 
 class ParallelTrainer(Trainer):

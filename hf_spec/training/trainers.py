@@ -39,7 +39,7 @@ class EagleTrainingArguments(TrainingArguments):
     per_device_train_batch_size: int = field(default=4, metadata={"help": "sequences per device and step (EAGLE: 4)"})
     remove_unused_columns: bool = field(default=False, metadata={"help": "must stay False: the collator needs loss_mask"})
     train_sampling_strategy: str = field(default="group_by_length", metadata={"help": "batches of similar lengths "
-        "(less padding: 22% fewer padded positions than random batches on the distilled SmolLM2 cache)"})  # fmt: skip
+        "(less padding: 22 percent fewer padded positions than random batches on the distilled SmolLM2 cache)"})  # fmt: skip
 
 
 @dataclass
