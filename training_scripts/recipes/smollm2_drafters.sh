@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # The shipped SmolLM2-135M drafters, end to end on a 2-core CPU (drafters/README.md):
 #   1. self-distil 3,200 ShareGPT first turns, keeping the target's features (one target pass)
-#   2. train EAGLE, HASS, ParallelSpec and CORAL on that cache, one epoch each, same settings
+#   2. train EAGLE, HASS, ParallelSpec and CORAL on that cache, EPOCHS (default 2) epochs each, same settings
 #   3. publish each into drafters/; tune HASS's tree on held-aside prompts (3..5 of each set), same shape for EAGLE/CORAL
 #   4. benchmark: first 3 prompts of each set, then held-out prompts 6..8, all methods interleaved; then
 #      input-grounded code editing (plain, prompt lookup, n-gram, HASS, HASS + n-gram branches)
 # Every step resumes: the distillation by shard, training from its last checkpoint (a DONE file marks a
-# finished run). Run one step at a time with STEPS="distill train publish bench".
+# finished run; raising EPOCHS continues a finished run from its last checkpoint). Run one step at a time with
+# STEPS="distill train publish bench".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 STEPS=${STEPS:-distill train publish bench}
 METHODS=${METHODS:-hass eagle parallelspec coral}
+EPOCHS=${EPOCHS:-2}
 CACHE=runs/features/smollm2-sharegpt-distill
 D=drafters/smollm2-135m-instruct
 RECIPE="training_scripts/recipes/smollm2_drafters.sh (drafters/README.md)"
 COMMON="--target_model smollm2-135m-instruct --dataset sharegpt --feature_cache $CACHE --max_length 512
-  --num_train_epochs 1 --per_device_train_batch_size 8 --learning_rate 5e-4 --warmup_steps 20 --bf16 --use_cpu
+  --num_train_epochs $EPOCHS --per_device_train_batch_size 8 --learning_rate 5e-4 --warmup_steps 20 --bf16 --use_cpu
   --logging_steps 10 --save_steps 50 --save_total_limit 2 --report_to none"
 
 if [[ " $STEPS " == *" distill "* ]]; then
@@ -25,13 +27,13 @@ fi
 if [[ " $STEPS " == *" train "* ]]; then
   for method in $METHODS; do
     out=runs/train/$method
-    [ -f $out/DONE ] && continue
+    [ -f $out/DONE_${EPOCHS}ep ] && continue
     case $method in
       coral) extra="--w_csra 0.05 --router_max_steps 60" ;;
       parallelspec) extra="--gradient_accumulation_steps 1" ;;
       *) extra="" ;;
     esac
-    OMP_NUM_THREADS=2 python training_scripts/train_$method.py $COMMON --output_dir $out $extra && touch $out/DONE
+    OMP_NUM_THREADS=2 python training_scripts/train_$method.py $COMMON --output_dir $out $extra && touch $out/DONE_${EPOCHS}ep
   done
 fi
 if [[ " $STEPS " == *" publish "* ]]; then
