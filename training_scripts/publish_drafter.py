@@ -53,6 +53,9 @@ def main(argv=None):
                         "drafter's trees (set where the benchmark measured it faster)")
     parser.add_argument("--tree-from", default=None, help="copy the tuned tree shape of this drafter folder (e.g. to "
                         "compare drafters of one architecture at the same shape)")
+    parser.add_argument("--ngram-datastore", default=None, help="a training feature cache (its answer tokens: the "
+                        "target's own answers after self-distillation) or a saved ngram_datastore.safetensors, shipped "
+                        "beside the weights for the n-gram branches")
     args = parser.parse_args(argv)
 
     import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
@@ -79,6 +82,12 @@ def main(argv=None):
         drafter.config.tree_tuned_for = {"chosen_by": "publish_drafter.py --tree-widths (see drafters/README.md)"}
     if args.ngram_branches is not None:
         drafter.config.ngram_branches = args.ngram_branches
+    if args.ngram_datastore:
+        from hf_spec.drafters.datastore import NGramDatastore, datastore_from_feature_cache
+
+        source = args.ngram_datastore
+        drafter.ngram_datastore = (NGramDatastore.load(source) if source.endswith(".safetensors")
+                                   else datastore_from_feature_cache(source))  # fmt: skip
     info = {}
     for name in ("drafter/training_summary.json", "training_summary.json", "router_training_summary.json"):
         path = os.path.join(args.source, name)  # CORAL: stage 1 in drafter/, the router beside it

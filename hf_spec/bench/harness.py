@@ -12,11 +12,13 @@ Methods (strings, as on the command line):
   (``use_router=False``); ``hf_spec:<path>:exit=N`` runs a sorted (S2D) drafter as the fixed
   sub-model of its first N layers (N one of its exits) instead of adaptive early exit;
   ``hf_spec:<path>:ngram=N`` grafts up to N context n-gram nodes into each of a feature
-  drafter's trees (``ngram_branches=N``; the stats then count ``accepted_from_ngram``).
+  drafter's trees (``ngram_branches=N``; the stats then count ``accepted_from_ngram``);
+  ``:no_datastore`` drops the drafter's n-gram datastore (corpus continuations) for the run.
 - ``hf_spec:ngram`` or ``hf_spec:ngram:key=value:...``: the weightless context n-gram
   tree drafter (:class:`hf_spec.NGramDrafter`); keys: ``depth`` (max_depth), ``tokens``
   (num_draft_tokens), ``branches`` (max_branches), ``max_match``, ``min_match``,
-  ``occurrences`` (max_occurrences), e.g. ``hf_spec:ngram:depth=8:tokens=16``.
+  ``occurrences`` (max_occurrences), e.g. ``hf_spec:ngram:depth=8:tokens=16``; ``datastore=<folder or file>``
+  adds an n-gram datastore (e.g. a drafter folder's ``ngram_datastore.safetensors``).
 
 τ (mean tokens per target forward) is measured the same way for every method, by counting
 the target's forward calls with a forward pre-hook: a first forward that sees only the
@@ -143,13 +145,22 @@ def _ngram_drafter(spec: str, name: str):
     """An :class:`hf_spec.NGramDrafter` from ``ngram[:key=value]...``."""
     import hf_spec
 
-    options = {}
+    options, datastore = {}, None
     for option in spec.split(":")[1:]:
         key, eq, value = option.partition("=")
+        if key == "datastore":
+            from hf_spec.drafters.datastore import DATASTORE_FILE, NGramDatastore
+
+            file = os.path.join(value, DATASTORE_FILE) if os.path.isdir(value) else value
+            if not os.path.isfile(file):
+                raise ValueError(f"{name}: no n-gram datastore at {value!r} (a drafter folder with {DATASTORE_FILE}, "
+                                 "or the file itself)")  # fmt: skip
+            datastore = NGramDatastore.load(file)
+            continue
         if key not in NGRAM_OPTIONS or not eq or not value.isdigit():
             raise ValueError(f"{name}: unknown n-gram option {option!r}; use key=N with key in {sorted(NGRAM_OPTIONS)}")
         options[NGRAM_OPTIONS[key]] = int(value)
-    return hf_spec.NGramDrafter(**options), options
+    return hf_spec.NGramDrafter(datastore=datastore, **options), options
 
 
 def drafter_stats(drafter) -> Callable[[], dict[str, Any]]:
@@ -175,7 +186,7 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
     from transformers import AutoModel
 
     options_text = []
-    while ":" in path and re.fullmatch(r"no_router|exit=\d+|ngram=\d+", path.rsplit(":", 1)[1]):
+    while ":" in path and re.fullmatch(r"no_router|no_datastore|exit=\d+|ngram=\d+", path.rsplit(":", 1)[1]):
         path, option = path.rsplit(":", 1)
         options_text.append(option)
     no_router = "no_router" in options_text
@@ -184,6 +195,8 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
         drafter, ngram_options = _ngram_drafter(path, name)
     else:
         drafter = AutoModel.from_pretrained(path, dtype=dtype).eval()
+    if "no_datastore" in options_text:
+        drafter.ngram_datastore = None
     fixed_exit = next((int(o.split("=")[1]) for o in options_text if o.startswith("exit=")), None)
     if fixed_exit is not None:
         if not hasattr(drafter, "use_fixed_exit"):
@@ -197,7 +210,7 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
     ngram_branches = next((int(o.split("=")[1]) for o in options_text if o.startswith("ngram=")), None)
     if ngram_branches is not None:
         options["ngram_branches"] = ngram_branches
-    info = {"drafter": path, **tree, **options}
+    info = {"drafter": path, **tree, **options, "ngram_datastore": drafter.ngram_datastore is not None}
     if ngram_options is not None:
         info.update(drafter="ngram", **{k: getattr(drafter.config, k) for k in (
             "max_match", "min_match", "num_draft_tokens", "max_depth", "max_branches", "max_occurrences")})  # fmt: skip

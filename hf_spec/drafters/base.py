@@ -159,6 +159,10 @@ class SpecDrafterModel(PreTrainedModel):
         self._borrowed = None  # (embedding, lm_head) of the bound target
         self._draft_head = None  # (key, DraftHead): cached rows of the head at the draft ids
         self.last_generation_stats = None
+        self.ngram_datastore = None
+        """An :class:`~hf_spec.drafters.datastore.NGramDatastore` whose corpus continuations join the n-gram
+        branches (``ngram_branches``); saved as ``ngram_datastore.safetensors`` beside the weights and loaded
+        back by ``from_pretrained``. Set it to None to draft n-gram branches from the context alone."""
         if config.draft_vocab_size is not None:  # placeholder map; the checkpoint's buffers replace it
             self._register_draft_vocab(torch.arange(config.draft_vocab_size))
         self.generation_config = GenerationConfig(
@@ -338,8 +342,20 @@ class SpecDrafterModel(PreTrainedModel):
         super().save_pretrained(save_directory, *args, **kwargs)
         from ..hub import after_save_pretrained
 
+        if self.ngram_datastore is not None and kwargs.get("is_main_process", True):
+            self.ngram_datastore.save(save_directory)
+
         after_save_pretrained(self, save_directory, bench_results=bench_results, training_info=training_info,
                               is_main_process=kwargs.get("is_main_process", True))  # fmt: skip
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' ``from_pretrained``, plus the checkpoint's ``ngram_datastore.safetensors`` when it has one."""
+        from .datastore import find_datastore
+
+        model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model.ngram_datastore = find_datastore(pretrained_model_name_or_path, **kwargs)
+        return model
 
     def push_to_hub(self, repo_id: str, *, bench_results=None, training_info=None, **kwargs) -> str:
         """Save (weights, config, remote code, card) and upload through huggingface_hub; see

@@ -325,7 +325,7 @@ class EagleDraftingSession:
         if self._ngram is None:
             if self.prompt_ids is None:
                 raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
-            self._ngram = NGramBranches(self.prompt_ids)
+            self._ngram = NGramBranches(self.prompt_ids, datastore=self.drafter.ngram_datastore)
         self._ngram.extend(next_tokens)
         tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample)
         self.forward_seconds += time.perf_counter() - start

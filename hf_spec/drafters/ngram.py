@@ -121,6 +121,22 @@ def find_continuations(index: NGramIndex, max_depth: int, max_occurrences: int):
             yield Continuation(tokens[pos : pos + max_depth], n, pos)
 
 
+def continuations_with_datastore(index: NGramIndex, datastore, max_depth: int, max_occurrences: int):
+    """:func:`find_continuations` of the context merged with a :class:`~hf_spec.drafters.datastore.NGramDatastore`'s
+    corpus continuations of the same suffix (None: the context's alone). Per match length, longest first,
+    the context's occurrences come before the corpus's; corpus occurrences rank as older than any context one
+    (position -1). Drafted tokens stay a deterministic function of the committed text (point-mass drafts)."""
+    context = find_continuations(index, max_depth, max_occurrences)
+    if datastore is None:
+        yield from context
+        return
+    context = list(context)
+    stored = [Continuation(tokens, n, -1) for tokens, n in datastore.continuations(index.tokens, max_depth, max_occurrences)]
+    for n in sorted({c.match_length for c in context} | {c.match_length for c in stored}, reverse=True):
+        yield from (c for c in context if c.match_length == n)
+        yield from (c for c in stored if c.match_length == n)
+
+
 @dataclass
 class TrieNodes:
     """A draft trie below a root (not included): node i has ``tokens[i]``, parent ``parents[i]``
@@ -299,15 +315,18 @@ class NGramBranches:
 
     Keeps the :class:`NGramIndex` of prompt + committed tokens (:meth:`extend`, fed the same
     committed tokens as the drafter) and grafts continuation tries into each tree
-    (:meth:`graft`). Greedy: up to ``branches`` NEW nodes, taken from a trie big enough that
+    (:meth:`graft`); with a ``datastore`` (the drafter's ``ngram_datastore``) the tries also hold
+    the corpus's continuations of the same suffix. Greedy: up to ``branches`` NEW nodes, taken from a trie big enough that
     nodes shared with the drafter's tree cost nothing. Sampling: the trie of ``branches``
     nodes alone, grafted whole (so at most ``branches`` new nodes too): it then depends on the
     committed text only, never on the drafter's draws, which is what keeps the mixed
     point-mass/sampled rejection sampling of :mod:`hf_spec.verify` exact.
     """
 
-    def __init__(self, prompt_ids: torch.Tensor, max_match: int = 4, min_match: int = 1, max_occurrences: int = 16):
+    def __init__(self, prompt_ids: torch.Tensor, max_match: int = 4, min_match: int = 1, max_occurrences: int = 16,
+                 datastore=None):  # fmt: skip
         self.max_occurrences = max_occurrences
+        self.datastore = datastore
         self.index = NGramIndex(min_match, max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
 
@@ -320,7 +339,7 @@ class NGramBranches:
         if branches <= 0:
             return tree
         num_nodes = branches if sample else branches + len(tree) - 1
-        continuations = find_continuations(self.index, shape.depth, self.max_occurrences)
+        continuations = continuations_with_datastore(self.index, self.datastore, shape.depth, self.max_occurrences)
         trie = build_trie(continuations, num_nodes, shape.depth, shape.top_k)
         return graft_trie(tree, trie, max_new=None if sample else branches)
 
@@ -381,18 +400,21 @@ class NGramTreeShape(TreeShape):
 
 class NGramDrafter(SpecDrafterModel):
     """Weightless drafter: trees of continuations of the context's suffix found earlier in the
-    context (see the module docstring). ``target.generate(ids, assistant_model=NGramDrafter())``;
+    context (see the module docstring), and with a ``datastore``
+    (:class:`~hf_spec.drafters.datastore.NGramDatastore`, e.g. of the target's own earlier answers) also
+    found in that corpus. ``target.generate(ids, assistant_model=NGramDrafter())``;
     ``tree_depth`` / ``tree_top_k`` / ``tree_total_tokens`` override max_depth / max_branches /
     num_draft_tokens for one call."""
 
     config_class = NGramDrafterConfig
 
-    def __init__(self, config: NGramDrafterConfig | None = None, **config_kwargs):
+    def __init__(self, config: NGramDrafterConfig | None = None, datastore=None, **config_kwargs):
         if config is None:
             config = NGramDrafterConfig(**config_kwargs)
         elif config_kwargs:
             raise ValueError("Pass either a config or config keyword arguments to NGramDrafter, not both.")
         super().__init__(config)
+        self.ngram_datastore = datastore
         self.post_init()
 
     def bind(self, target):
@@ -408,7 +430,7 @@ class NGramDrafter(SpecDrafterModel):
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         if prompt_ids is None:
             raise ValueError("NGramDrafter drafts from tokens and needs the prompt (prompt_ids).")
-        return NGramDraftingSession(self.config, shape, prompt_ids)
+        return NGramDraftingSession(self.config, shape, prompt_ids, datastore=self.ngram_datastore)
 
 
 class NGramDraftingSession:
@@ -419,8 +441,9 @@ class NGramDraftingSession:
     ``forward_seconds`` accumulates the drafting time (there is no forward).
     """
 
-    def __init__(self, config: NGramDrafterConfig, shape: TreeShape, prompt_ids: torch.Tensor):
+    def __init__(self, config: NGramDrafterConfig, shape: TreeShape, prompt_ids: torch.Tensor, datastore=None):
         self.shape = shape
+        self.datastore = datastore
         self.max_occurrences = config.max_occurrences
         self.index = NGramIndex(config.min_match, config.max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
@@ -431,7 +454,7 @@ class NGramDraftingSession:
         start = time.perf_counter()
         self.index.extend(next_tokens.tolist())
         shape = self.shape
-        continuations = find_continuations(self.index, shape.depth, self.max_occurrences)
+        continuations = continuations_with_datastore(self.index, self.datastore, shape.depth, self.max_occurrences)
         trie = build_trie(continuations, shape.total_tokens, shape.depth, shape.top_k)
         tree = trie_to_draft_tree(int(next_tokens[-1]), trie, device=next_tokens.device)
         self.forward_seconds += time.perf_counter() - start
