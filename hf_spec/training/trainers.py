@@ -94,13 +94,18 @@ class EagleTrainer(Trainer):
 class HassTrainer(Trainer):
     """Trains an :class:`~hf_spec.EagleDrafter` with HASS's loss (:func:`~hf_spec.training.losses.hass_loss`)."""
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+    def _hass_loss(self, model, inputs, return_predictions: bool = False):
+        """(hass_loss output, feats_target, mask) for a batch."""
         drafter = self.accelerator.unwrap_model(model)
         ids, feats_in, feats_target, mask = _drafter_inputs(self, inputs)
         args = self.args
         out = hass_loss(drafter, ids, feats_in, feats_target, mask, num_steps=args.hass_steps, beta=args.hass_beta,
                         w_topk=args.w_topk, topk=args.topk, w_reg=args.w_reg, w_cls=args.w_cls, forward=model,
-                        argmax_ids=_greedy_next_tokens(self, ids))  # fmt: skip
+                        argmax_ids=_greedy_next_tokens(self, ids), return_predictions=return_predictions)  # fmt: skip
+        return out, feats_target, mask
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        out = self._hass_loss(model, inputs)[0]
         return (out["loss"], out) if return_outputs else out["loss"]
 
 
@@ -134,18 +139,13 @@ class _LoggedTermsMixin:
         return super().log(logs, *args, **kwargs)
 
 
-class CoralTrainer(_LoggedTermsMixin, Trainer):
+class CoralTrainer(_LoggedTermsMixin, HassTrainer):
     """Trains an :class:`~hf_spec.EagleDrafter` with CORAL's loss: HASS's multi-step training plus
     the CSRA InfoNCE over all steps' outputs (:func:`~hf_spec.training.losses.csra_loss`)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        drafter = self.accelerator.unwrap_model(model)
-        ids, feats_in, feats_target, mask = _drafter_inputs(self, inputs)
+        out, feats_target, mask = self._hass_loss(model, inputs, return_predictions=True)
         args = self.args
-        out = hass_loss(drafter, ids, feats_in, feats_target, mask, num_steps=args.hass_steps, beta=args.hass_beta,
-                        w_topk=args.w_topk, topk=args.topk, w_reg=args.w_reg, w_cls=args.w_cls, forward=model,
-                        argmax_ids=_greedy_next_tokens(self, ids),
-                        return_predictions=True)  # fmt: skip
         select = mask.bool()
         loss = out["loss"]
         if select.any():
