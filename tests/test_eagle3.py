@@ -2,10 +2,14 @@
 sampling / batched decoding with a draft vocabulary, and the checkpoint round trip."""
 
 import functools
+import json
 
 import pytest
 import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
 from transformers import AutoModel
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import hf_spec
 from hf_spec import draft_vocab
@@ -155,3 +159,150 @@ def test_save_load_round_trip(tmp_path):
             assert torch.equal(state[name], tensor), name
         assert torch.equal(target.generate(prompt, assistant_model=loaded, max_new_tokens=20, do_sample=False), expected)
 
+
+# -- published EAGLE-3 and speculators eagle3 checkpoints (hf_spec.hub.convert) ---------------------------
+def eagle3_files(path, target, layout, draft_ids=None, norm_before_residual=None, layer_ids=None, embed=False, seed=0):
+    """Random weights and config.json with the exact names and shapes of an EAGLE-3 (``layout="eagle3"``,
+    ``midlayer.*``) or speculators eagle3 (``"speculators"``, ``layers.0.*``) checkpoint for ``target``."""
+    c = target.config
+    g = torch.Generator().manual_seed(seed)
+    h, heads, kv, inter, vocab = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size
+    d = h // heads
+    ids = torch.arange(vocab) if draft_ids is None else torch.as_tensor(draft_ids)
+    p = "midlayer." if layout == "eagle3" else "layers.0."
+
+    def rand(*shape, scale=0.08):
+        return torch.randn(*shape, generator=g) * scale
+
+    w = {
+        "fc.weight": rand(h, 3 * h),
+        p + "self_attn.q_proj.weight": rand(heads * d, 2 * h),
+        p + "self_attn.k_proj.weight": rand(kv * d, 2 * h),
+        p + "self_attn.v_proj.weight": rand(kv * d, 2 * h),
+        p + "self_attn.o_proj.weight": rand(h, heads * d),
+        p + "mlp.gate_proj.weight": rand(inter, h),
+        p + "mlp.up_proj.weight": rand(inter, h),
+        p + "mlp.down_proj.weight": rand(h, inter),
+        p + "input_layernorm.weight": 1 + rand(h, scale=0.1),
+        p + "hidden_norm.weight": 1 + rand(h, scale=0.1),
+        p + "post_attention_layernorm.weight": 1 + rand(h, scale=0.1),
+        "norm.weight": 1 + rand(h, scale=0.1),
+        "lm_head.weight": rand(ids.numel(), h, scale=1.0),
+        "d2t": ids - torch.arange(ids.numel()),
+        "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill_(0, ids, True),
+    }
+    if embed:
+        w["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().clone()
+    llama = {"model_type": "llama", "hidden_act": "silu", "hidden_size": h, "intermediate_size": inter,
+             "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": 1,
+             "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_parameters["rope_theta"],
+             "max_position_embeddings": c.max_position_embeddings, "vocab_size": vocab}  # fmt: skip
+    if layout == "eagle3":
+        config = {**llama, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": ids.numel(), "torch_dtype": "float32"}
+    else:
+        config = {
+            "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.3.0",
+            "transformer_layer_config": llama, "draft_vocab_size": ids.numel(), "eagle_aux_hidden_state_layer_ids": layer_ids,
+            "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                   "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                   "verifier": {"name_or_path": "tiny-target", "architectures": [type(target).__name__]}},
+        }  # fmt: skip
+        if norm_before_residual is not None:
+            config["norm_before_residual"] = norm_before_residual
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    save_file(w, str(path / "model.safetensors"))
+    return {k.replace(p, "layer."): v for k, v in w.items()}
+
+
+def eagle3_reference(target, w, input_ids, fused, norm_before_residual):
+    """EAGLE-3's forward written out from the layout: h = fc(fused); q/k/v over cat[input_layernorm(emb),
+    hidden_norm(h)]; residual h (or hidden_norm(h)); causal GQA attention with RoPE; MLP; logits
+    lm_head(norm(.)) over the draft vocabulary."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    c = target.config
+    heads, kv, d = c.num_attention_heads, c.num_key_value_heads, c.hidden_size // c.num_attention_heads
+
+    def rms(x, weight):
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.rms_norm_eps))
+
+    b, s = input_ids.shape
+    h = F.linear(fused, w["fc.weight"])
+    normed = rms(h, w["layer.hidden_norm.weight"])
+    x = torch.cat([rms(target.get_input_embeddings()(input_ids), w["layer.input_layernorm.weight"]), normed], -1)
+    q, k, v = (F.linear(x, w[f"layer.self_attn.{n}_proj.weight"]).view(b, s, -1, d).transpose(1, 2) for n in "qkv")
+    rope = LlamaRotaryEmbedding(config=target.config)
+    cos, sin = rope(x, torch.arange(s).view(1, -1))
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    k, v = (t.repeat_interleave(heads // kv, dim=1) for t in (k, v))
+    attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1)
+    h = (normed if norm_before_residual else h) + F.linear(attn, w["layer.self_attn.o_proj.weight"])
+    m = rms(h, w["layer.post_attention_layernorm.weight"])
+    h = h + F.linear(F.silu(F.linear(m, w["layer.mlp.gate_proj.weight"])) * F.linear(m, w["layer.mlp.up_proj.weight"]),
+                     w["layer.mlp.down_proj.weight"])  # fmt: skip
+    return h, F.linear(rms(h, w["norm.weight"]), w["lm_head.weight"])
+
+
+CONVERT_CASES = [  # (family, layout, draft vocab size (None: D == V), norm_before_residual in config.json, layer ids, embed)
+    ("llama", "eagle3", 40, None, None, True),
+    ("qwen2", "eagle3", None, None, None, False),
+    ("llama", "speculators", 40, None, [1, 3, 6], True),  # absent norm_before_residual: true (vLLM)
+    ("qwen2", "speculators", 40, False, None, False),
+]
+
+
+@pytest.mark.parametrize("family,layout,draft_size,nbr,layer_ids,embed", CONVERT_CASES)
+def test_converted_checkpoint_computes_the_format_forward(tmp_path, family, layout, draft_size, nbr, layer_ids, embed):
+    target = make_target(family, num_hidden_layers=LAYERS)
+    ids = None if draft_size is None else torch.randperm(128, generator=torch.Generator().manual_seed(0))[:draft_size].sort().values
+    w = eagle3_files(tmp_path, target, layout, ids, nbr, layer_ids, embed)
+    drafter = hf_spec.AutoDrafter.from_pretrained(tmp_path, target=target)
+    assert type(drafter) is hf_spec.Eagle3Drafter and drafter.is_bound_to(target)
+    expected_ids = layer_ids or [2, 4, 5]
+    assert drafter.config.eagle_aux_hidden_state_layer_ids == expected_ids
+    norm_before_residual = layout == "speculators" and nbr is not False
+    assert drafter.config.norm_before_residual is norm_before_residual
+    assert drafter.config.draft_vocab_size == (draft_size or 128)  # D == V: an identity d2t/t2d map
+
+    prompt = random_prompt(length=7)
+    fused = fused_features(target, prompt, expected_ids)
+    out = drafter(input_ids=prompt, hidden_states=fused, output_logits=True)
+    ref_hidden, ref_logits = eagle3_reference(target, w, prompt, fused, norm_before_residual)
+    torch.testing.assert_close(out.last_hidden_state, ref_hidden, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out.logits, ref_logits, atol=1e-5, rtol=1e-4)
+    logq = drafter.draft_log_probs(out.last_hidden_state[0])  # full V: -inf outside, target id = i + d2t[i]
+    target_ids = torch.arange(ref_logits.shape[-1]) + w["d2t"]
+    torch.testing.assert_close(logq[:, target_ids], torch.log_softmax(ref_logits[0], -1), atol=1e-5, rtol=1e-4)
+    assert bool(torch.isinf(logq[:, ~w["t2d"]]).all())
+
+    plain = plain_generate(target, prompt, max_new_tokens=16, do_sample=False)
+    assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=16, do_sample=False), plain)
+    drafter.save_pretrained(tmp_path / "hf_spec")  # hf-spec's format, loaded back unchanged
+    loaded = hf_spec.Eagle3Drafter.from_pretrained(tmp_path / "hf_spec", target=target)
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_eagle3_checkpoint_errors_name_the_fix(tmp_path):
+    eagle3_files(tmp_path, make_target("llama", num_hidden_layers=LAYERS), "eagle3", torch.arange(40))
+    with pytest.raises(ValueError, match="converts to Eagle3Drafter, not EagleDrafter"):
+        hf_spec.EagleDrafter.from_pretrained(tmp_path, target=make_target("llama", num_hidden_layers=LAYERS))
+    with pytest.raises(ValueError, match=r"collide.*Fix"):  # EAGLE-3's fixed layers on a 6-layer target
+        hf_spec.AutoDrafter.from_pretrained(tmp_path, target=make_target("llama", num_hidden_layers=6))
+    with pytest.raises(ValueError, match=r"hidden size 64.*has 32.*Fix"):
+        hf_spec.AutoDrafter.from_pretrained(tmp_path, target_config=make_target(
+            "llama", num_hidden_layers=LAYERS, hidden_size=32, intermediate_size=64).config)  # fmt: skip
+
+
+def test_cli_converts_a_speculators_checkpoint(tmp_path):
+    from hf_spec.cli import main
+
+    target = make_target("llama", num_hidden_layers=LAYERS)
+    target.save_pretrained(tmp_path / "target")
+    eagle3_files(tmp_path / "spec", target, "speculators", torch.arange(0, 128, 2))
+    expected = hf_spec.AutoDrafter.from_pretrained(tmp_path / "spec", target=target)
+    assert main(["convert", str(tmp_path / "spec"), str(tmp_path / "out"), "--target", str(tmp_path / "target")]) == 0
+    loaded = AutoModel.from_pretrained(tmp_path / "out")
+    assert type(loaded) is hf_spec.Eagle3Drafter and loaded.config.converted_from["format"] == "speculators_eagle3"
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in expected.state_dict().items())
