@@ -306,3 +306,35 @@ def test_cli_converts_a_speculators_checkpoint(tmp_path):
     loaded = AutoModel.from_pretrained(tmp_path / "out")
     assert type(loaded) is hf_spec.Eagle3Drafter and loaded.config.converted_from["format"] == "speculators_eagle3"
     assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in expected.state_dict().items())
+
+
+_REMOTE_SCRIPT = """
+import sys, torch
+from transformers import AutoModel, AutoModelForCausalLM
+d = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True).bind(AutoModelForCausalLM.from_pretrained(sys.argv[2]))
+io = torch.load(sys.argv[3])
+out = d(input_ids=io["ids"], hidden_states=io["feats"], output_logits=True).logits
+print("REPORT", type(d).__module__, type(d).__name__, torch.equal(out, io["logits"]), [m for m in sys.modules if m.startswith("hf_spec")])
+"""
+
+
+def test_remote_code_loads_without_hf_spec(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    target = make_target("llama", num_hidden_layers=LAYERS)
+    drafter = hf_spec.Eagle3Drafter.from_target(target).set_draft_vocab(torch.arange(0, 128, 3))
+    drafter.save_pretrained(tmp_path / "drafter")
+    target.save_pretrained(tmp_path / "target")
+    ids, feats = torch.tensor([[3, 5, 7]]), torch.randn(1, 3, 192)
+    logits = drafter(input_ids=ids, hidden_states=feats, output_logits=True).logits
+    torch.save({"ids": ids, "feats": feats, "logits": logits}, tmp_path / "io.pt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-I", "-c", _REMOTE_SCRIPT, str(tmp_path / "drafter"), str(tmp_path / "target"),
+                             str(tmp_path / "io.pt")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    module, name, equal, hf_spec_modules = result.stdout.split("REPORT", 1)[1].split(None, 3)
+    assert module.startswith("transformers_modules.") and name == "Eagle3Drafter"
+    assert equal == "True" and hf_spec_modules.strip() == "[]"
