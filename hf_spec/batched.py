@@ -117,11 +117,8 @@ class _Row:
 class _BatchTarget(_Target):
     def forward_batch(self, input_ids, cache, attention_mask, position_ids) -> torch.Tensor:
         """Base model over (b, q) new tokens on top of ``cache``; the (b, q, H) features."""
-        start = time.perf_counter()
-        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=cache, use_cache=True)  # fmt: skip
-        self.seconds += time.perf_counter() - start
-        return out.last_hidden_state
+        return self._run(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache)  # fmt: skip
 
 
 def _verify_mask(trees, valid, slot_pos, start_pos, dtype, sliding_window):
@@ -173,7 +170,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
     stats = BatchGenerationStats()
     drafter.last_generation_stats = stats
     loop_start = time.perf_counter()
-    target = _BatchTarget(model)
+    target = _BatchTarget(model, drafter.target_feature_layers())
 
     cache = compat.full_dynamic_cache()
     padded = bool((pads > 0).any())
@@ -194,7 +191,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
         sequence = input_ids[r : r + 1]
         scores = process(r, sequence, last_logits[r])
         first = torch.multinomial(torch.softmax(scores, dim=-1), 1) if do_sample else scores.argmax().view(1)
-        rows.append(_Row(index=r, session=session, sequence=sequence, pending_features=features[r, start:],
+        rows.append(_Row(index=r, session=session, sequence=sequence, pending_features=target.drafter_features[r, start:],
                          pending_tokens=torch.cat([row_prompt[0, 1:], first]), emitted=first,
                          stats=GenerationStats()))  # fmt: skip
     stats.rows = [row.stats for row in rows]
@@ -272,7 +269,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
             row.stats.record(tree, walk)
             nodes = walk.node_tensor(device)
             accepted.append(nodes)
-            row.pending_features = features[r, nodes]
+            row.pending_features = target.drafter_features[r, nodes]
             row.pending_tokens = row.emitted = walk.token_tensor(device)
         width = max(nodes.numel() for nodes in accepted)
         index = torch.stack([torch.cat([n, n[-1:].expand(width - n.numel())]) for n in accepted]) + past

@@ -113,26 +113,55 @@ class GenerationStats:
 
 
 class _Target:
-    """The target split into its base model (features = post-norm last hidden state) and LM head."""
+    """The target split into its base model (features = post-norm last hidden state) and LM head.
 
-    def __init__(self, model):
+    ``feature_layers`` (the drafter's :meth:`~hf_spec.drafters.base.SpecDrafterModel.target_feature_layers`):
+    each forward also captures the inputs of those decoder layers (HF ``hidden_states[i]``) with
+    forward pre-hooks, only those, not ``output_hidden_states``, into :attr:`drafter_features`
+    (their concatenation); None: the drafter's features are the last hidden state itself."""
+
+    def __init__(self, model, feature_layers=None):
         self.base = model.base_model
         self.lm_head = model.get_output_embeddings()
         self.sliding_window = target_sliding_window(model.config)
         self.seconds = 0.0
+        self.feature_layers = tuple(feature_layers) if feature_layers else None
+        self.drafter_features = None
+        """What the drafter reads of the last forward, (b, q, ·), set by :meth:`_run`."""
+        if self.feature_layers is not None:
+            layers = getattr(self.base, "layers", None)
+            if layers is None or max(self.feature_layers) >= len(layers):
+                raise ValueError(f"The drafter reads target layers {list(self.feature_layers)}, but the target has "
+                                 f"{len(layers or [])} decoder layers in `.layers`. Fix: use the drafter's own target.")  # fmt: skip
+            self._layers = [layers[i] for i in self.feature_layers]
+
+    def _run(self, **inputs) -> torch.Tensor:
+        """The base model's (b, q, H) last hidden state; sets :attr:`drafter_features`."""
+        start = time.perf_counter()
+        if self.feature_layers is None:
+            out = self.base(**inputs, use_cache=True).last_hidden_state
+            self.drafter_features = out
+        else:
+            captured = []
+
+            def capture(module, args, kwargs):
+                captured.append(args[0] if args else kwargs["hidden_states"])
+
+            hooks = [layer.register_forward_pre_hook(capture, with_kwargs=True) for layer in self._layers]
+            try:
+                out = self.base(**inputs, use_cache=True).last_hidden_state
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            self.drafter_features = torch.cat(captured, dim=-1)  # layers run in ascending order, as the ids
+        self.seconds += time.perf_counter() - start
+        return out
 
     def forward(self, input_ids, cache, attention_mask=None, position_ids=None) -> torch.Tensor:
-        """Run the base model on top of ``cache``; returns the features (n, H) of the new tokens."""
-        start = time.perf_counter()
-        out = self.base(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        self.seconds += time.perf_counter() - start
-        return out.last_hidden_state[0]
+        """Run the base model on top of ``cache``; returns the features (n, H) of the new tokens
+        (the drafter's features of them: ``drafter_features[0]``)."""
+        return self._run(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache)[0]  # fmt: skip
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Raw float32 logits of features (..., H): one LM-head matmul (one read of its weights)
@@ -251,7 +280,7 @@ def speculative_decode(
     stats = GenerationStats()
     drafter.last_generation_stats = stats
     loop_start = time.perf_counter()
-    target = _Target(model)
+    target = _Target(model, drafter.target_feature_layers())
     keep_scores = bool(generation_config.return_dict_in_generate and generation_config.output_scores)
     keep_logits = bool(generation_config.return_dict_in_generate and generation_config.output_logits)
     all_scores, all_logits = [], []
@@ -272,7 +301,7 @@ def speculative_decode(
         first = torch.multinomial(torch.softmax(first_scores, dim=-1), 1)
     else:
         first = first_scores.argmax().view(1)
-    pending_features = features
+    pending_features = target.drafter_features[0]
     pending_tokens = torch.cat([input_ids[0, 1:], first])
     emitted, emitted_host = first, first.tolist()
     step_scores, step_logits = [first_scores], [last_logits]
@@ -310,7 +339,7 @@ def speculative_decode(
         stats.record(tree, walk)
         accepted = walk.node_tensor(features.device)
         keep_accepted(cache, past, accepted, contiguous=walk.accepted_contiguously)
-        pending_features = features[accepted]
+        pending_features = target.drafter_features[0, accepted]
         pending_tokens = emitted = walk.token_tensor(features.device)
         emitted_host, step_scores, step_logits = walk.tokens, walk.scores, walk.logits
 

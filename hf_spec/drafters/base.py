@@ -286,7 +286,7 @@ class SpecDrafterModel(PreTrainedModel):
         if not self.has_draft_vocab:
             return self.lm_logits(target_features), None
         if argmax_ids is not None:
-            return self.draft_logits(target_features), self.t2d.to(argmax_ids.device)[argmax_ids]
+            return self.draft_head().logits(target_features), self.t2d.to(argmax_ids.device)[argmax_ids]
         return draft_vocab.restrict_target_logits(self.lm_logits(target_features), self.draft_ids, self.t2d)
 
     # -- training/saving helpers -------------------------------------------------------------
@@ -314,6 +314,11 @@ class SpecDrafterModel(PreTrainedModel):
             if total_tokens is not None
             else getattr(gc, "tree_total_tokens", self.config.tree_total_tokens),
         )
+
+    def target_feature_layers(self) -> tuple[int, ...] | None:
+        """Target layers whose inputs (HF ``hidden_states[i]``) the drafter reads, concatenated, as its
+        features; None (the default): the target's last, post-norm hidden state."""
+        return None
 
     def new_drafting_session(
         self, target: PreTrainedModel, shape: TreeShape, do_sample: bool, temperature: float, prompt_ids: torch.Tensor
