@@ -51,6 +51,16 @@ def crop_cache_layers(cache: DynamicCache, layer_indices, length: int) -> None:
             set_layer_kv(layer, layer.keys[..., :length, :], layer.values[..., :length, :])
 
 
+def attn_implementation(config) -> str | None:
+    """The attention implementation a model (config) runs with: transformers' private ``config._attn_implementation``."""
+    return getattr(config, "_attn_implementation", None)
+
+
+def set_attn_implementation(config, implementation: str) -> None:
+    """Set ``config._attn_implementation`` (the private attribute a model's attention layers read at call time)."""
+    config._attn_implementation = implementation
+
+
 def pad_token_tensor(generation_config):
     """The pad token ``generate()`` prepared (it falls back to the first EOS id), or None."""
     return getattr(generation_config, "_pad_token_tensor", None)

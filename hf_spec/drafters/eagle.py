@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import AutoConfig, PretrainedConfig
+from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 from transformers.models.mistral.modeling_mistral import MistralDecoderLayer, MistralRotaryEmbedding
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
@@ -25,6 +25,7 @@ from ..cache import crop_to
 from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
+from .layer_config import decoder_layer_config
 from .ngram import NGramBranches
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
 
@@ -99,14 +100,7 @@ class EagleDrafterConfig(SpecDrafterConfig):
         model_type = fields.pop("model_type", self.target_model_type)
         if model_type not in DECODER_LAYERS:
             raise ValueError(f"Unsupported drafter layer family {model_type!r}; supported: {sorted(DECODER_LAYERS)}.")
-        config = AutoConfig.for_model(model_type, **fields)
-        config.num_hidden_layers = self.num_layers
-        if hasattr(config, "layer_types"):
-            config.layer_types = ["full_attention"] * self.num_layers
-        if getattr(config, "sliding_window", None) is not None and model_type == "mistral":
-            config.sliding_window = None  # the drafter attends through explicit masks only
-        config._attn_implementation = "sdpa"
-        return config
+        return decoder_layer_config(model_type, fields, self.num_layers)
 
 
 @dataclass

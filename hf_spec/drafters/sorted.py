@@ -58,7 +58,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .. import compat, draft_vocab
@@ -66,6 +66,7 @@ from ..tree.dynamic import TreeShape, draw_candidates
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .eagle import _NOT_LAYER_FIELDS, DECODER_LAYERS
+from .layer_config import decoder_layer_config
 
 DEFAULT_THRESHOLDS_FRACTIONS = (0.9, 0.7)
 """Default thresholds of the non-final exits, first exit first (the last exit always accepts)."""
@@ -153,14 +154,7 @@ class SortedDrafterConfig(SpecDrafterConfig):
         if model_type not in DECODER_LAYERS:
             raise ValueError(f"Unsupported sorted drafter family {model_type!r}; supported: {sorted(DECODER_LAYERS)}.")
         fields["vocab_size"] = self.target_vocab_size
-        config = AutoConfig.for_model(model_type, **fields)
-        config.num_hidden_layers = self.num_layers
-        if hasattr(config, "layer_types"):
-            config.layer_types = ["full_attention"] * self.num_layers
-        if model_type == "mistral":
-            config.sliding_window = None
-        config._attn_implementation = "sdpa"
-        return config
+        return decoder_layer_config(model_type, fields, self.num_layers)
 
     def thresholds_for(self, target: PreTrainedModel) -> list[float]:
         """The thresholds serving ``target``; ValueError if its vocabulary differs from the drafter's."""
@@ -442,11 +436,8 @@ class SortedDrafter(SpecDrafterModel):
         fields = dict(self.config.layer_config)
         model_type = fields.pop("model_type")
         fields.pop("vocab_size", None)
-        config = AutoConfig.for_model(model_type, **fields, vocab_size=self.config.target_vocab_size,
-                                      tie_word_embeddings=self.config.tie_word_embeddings)  # fmt: skip
-        config.num_hidden_layers = exit_layer
-        if hasattr(config, "layer_types"):
-            config.layer_types = ["full_attention"] * exit_layer
+        fields.update(vocab_size=self.config.target_vocab_size, tie_word_embeddings=self.config.tie_word_embeddings)
+        config = decoder_layer_config(model_type, fields, exit_layer, attn_implementation=None, drop_sliding_window=False)
         lm = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
         state = {"model.embed_tokens.weight": self.embed_tokens.weight, "model.norm.weight": self.norm.weight,
                  "lm_head.weight": self.lm_head.weight}  # fmt: skip
