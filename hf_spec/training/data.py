@@ -388,15 +388,9 @@ def _plain_generate(target, batch, max_new_tokens, pad_id):
 # ---------------------------------------------------------------------------------------------
 def load_target(name_or_path: str, dtype: torch.dtype = torch.float32):
     """(frozen target in eval mode, tokenizer) from a local directory or a packaged name."""
-    if os.path.isdir(name_or_path):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    from ..resources import load_model
 
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    else:
-        from ..resources import load_packaged_model
-
-        model, tokenizer = load_packaged_model(name_or_path, dtype=dtype)
+    model, tokenizer = load_model(name_or_path, dtype=dtype)
     model.requires_grad_(False)
     return model.eval(), tokenizer
 
