@@ -308,10 +308,9 @@ def _convert(entry: PackagedModel, workdir: Path, out_dir: Path) -> None:
         raise RuntimeError(f"{entry.name}: converted config {facts} differs from the expected {expected}")
     # A GGUF-loaded model refuses save_pretrained while it carries the GGUF quantizer; its
     # weights are already plain dequantized tensors, so dropping the quantizer is lossless.
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(cfg, "quantization_config"):
-        del cfg.quantization_config
+    from . import compat
+
+    compat.drop_quantizer(model)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     record = {
@@ -357,9 +356,11 @@ def load_packaged_model(name: str, dtype: torch.dtype = torch.bfloat16, attn_imp
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from . import compat
+
     path = packaged_model_path(name)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
-    model.config._name_or_path = name  # the packaged name, not the cache path: drafters record it as their target
+    compat.set_model_name_or_path(model.config, name)  # the packaged name, not the cache path: drafters record it as their target
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model.eval(), tokenizer
 

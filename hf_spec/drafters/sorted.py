@@ -159,7 +159,7 @@ class SortedDrafterConfig(SpecDrafterConfig):
     def thresholds_for(self, target: PreTrainedModel) -> list[float]:
         """The thresholds serving ``target``; ValueError if its vocabulary differs from the drafter's."""
         text = target.config.get_text_config()
-        name = getattr(target.config, "_name_or_path", None) or None
+        name = compat.model_name_or_path(target.config) or None
         served = [t.get("name_or_path") for t in self.targets]
         if self.target_vocab_size is not None and text.vocab_size != self.target_vocab_size:
             raise ValueError(
@@ -184,7 +184,7 @@ class SortedDrafterConfig(SpecDrafterConfig):
     def set_target_thresholds(self, target_config: PretrainedConfig, thresholds, name_or_path: str | None = None):
         """Record ``thresholds`` for a target (adds the entry if the target is not listed)."""
         text = target_config.get_text_config()
-        name = name_or_path or getattr(target_config, "_name_or_path", None) or None
+        name = name_or_path or compat.model_name_or_path(target_config) or None
         thresholds = [float(t) for t in thresholds]
         for entry in self.targets:
             if entry.get("name_or_path") == name:
@@ -201,7 +201,7 @@ def target_entry(target, thresholds, name_or_path: str | None = None) -> dict:
     config = getattr(target, "config", target)
     text = config.get_text_config()
     return dict(
-        name_or_path=name_or_path or getattr(config, "_name_or_path", None) or None,
+        name_or_path=name_or_path or compat.model_name_or_path(config) or None,
         model_type=text.model_type,
         hidden_size=text.hidden_size,
         vocab_size=text.vocab_size,
@@ -280,7 +280,7 @@ class SortedDrafter(SpecDrafterModel):
         config = SortedDrafterConfig(
             num_layers=num_layers, exits=exits, layer_config=layer_config, target_vocab_size=text.vocab_size,
             targets=entries, default_thresholds=defaults,
-            source_model_name_or_path=source_name_or_path or getattr(model.config, "_name_or_path", None) or None,
+            source_model_name_or_path=source_name_or_path or compat.model_name_or_path(model.config) or None,
             tie_word_embeddings=bool(getattr(text, "tie_word_embeddings", False)), **config_kwargs,
         )  # fmt: skip
         drafter = cls(config)

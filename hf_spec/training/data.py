@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .. import compat
+
 FEATURE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _META_FILE = "hf_spec_features.json"
 
@@ -237,7 +239,7 @@ def build_feature_cache(
         flush=True,
     )
     meta = {"storage": storage, "hidden_size": hidden, "max_length": max_length, "num_examples": len(examples),
-            "num_tokens": num_tokens, "target": getattr(target.config, "_name_or_path", None)}  # fmt: skip
+            "num_tokens": num_tokens, "target": compat.model_name_or_path(target.config)}  # fmt: skip
     schema = _features_schema(hidden, storage)
     device = target.device
     num_shards = math.ceil(len(examples) / shard_examples)
