@@ -33,13 +33,12 @@ EOS and length criteria), that is also each row's plain single-prompt ``generate
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from . import compat
+from . import compat, timing
 from .cache import gather_positions, select_rows
 from .generation import GenerationStats, _Target, new_session, stop_flags
 from .verify import greedy_plan, greedy_result, verify_tree
@@ -117,10 +116,10 @@ class _Row:
 class _BatchTarget(_Target):
     def forward_batch(self, input_ids, cache, attention_mask, position_ids) -> torch.Tensor:
         """Base model over (b, q) new tokens on top of ``cache``; the (b, q, H) features."""
-        start = time.perf_counter()
+        start = timing.clock(self.device)
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                         past_key_values=cache, use_cache=True)  # fmt: skip
-        self.seconds += time.perf_counter() - start
+        self.seconds += timing.clock(self.device) - start
         return out.last_hidden_state
 
 
@@ -172,7 +171,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
 
     stats = BatchGenerationStats()
     drafter.last_generation_stats = stats
-    loop_start = time.perf_counter()
+    loop_start = timing.clock(model.device)
     target = _BatchTarget(model)
 
     cache = compat.full_dynamic_cache()
@@ -296,7 +295,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
     stats.new_tokens = sum(row.stats.new_tokens for row in rows)
     stats.target_forward_seconds = target.seconds
     stats.drafter_forward_seconds = sum(getattr(row.session, "forward_seconds", 0.0) for row in rows)
-    stats.total_seconds = time.perf_counter() - loop_start
+    stats.total_seconds = timing.clock(model.device) - loop_start
     if generation_config.return_dict_in_generate:
         # The cache has per-row holes and drops finished rows, so it is not returned.
         return GenerateDecoderOnlyOutput(sequences=sequences, past_key_values=None)

@@ -7,7 +7,8 @@ fails with a message naming the attribute when a transformers upgrade changes it
 - ``DynamicCache.layers[i].keys/.values`` (and ``.is_initialized``) are read and reassigned to
   compact the cache (:func:`cache_layers_kv`, :func:`set_layer_kv`, :func:`crop_cache_layers`).
 - ``DynamicCache.crop(n)`` with a negative ``n`` removes ``-n`` positions (:func:`crop_cache`).
-- ``config._attn_implementation`` is read and set on drafter layer configs
+- ``config._attn_implementation`` is read (the tree path needs an implementation that takes an
+  arbitrary 4D mask, :func:`check_tree_mask_attention`) and set on drafter layer configs
   (:func:`attn_implementation`, :func:`set_attn_implementation`).
 - ``config._name_or_path`` is read as a model's name and set on packaged models
   (:func:`model_name_or_path`, :func:`set_model_name_or_path`).
@@ -76,6 +77,32 @@ def attn_implementation(config) -> str | None:
 def set_attn_implementation(config, implementation: str) -> None:
     """Set ``config._attn_implementation`` (the private attribute a model's attention layers read at call time)."""
     config._attn_implementation = implementation
+
+
+TREE_MASK_ATTENTION = ("sdpa", "eager")
+"""Attention implementations that take an arbitrary additive 4D mask (the draft tree's)."""
+
+
+def check_tree_mask_attention(model) -> None:
+    """ValueError unless ``model`` attends with an implementation that takes a 4D tree mask.
+
+    flash-attention (and the other kernels transformers dispatches to by name) only know causal
+    or sliding-window masks, so a verified tree would silently attend to the wrong tokens.
+    """
+    config = getattr(model, "config", model)
+    configs = [config]
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text is not config:
+        configs.append(text)
+    for cfg in configs:
+        implementation = attn_implementation(cfg)
+        if implementation is not None and implementation not in TREE_MASK_ATTENTION:
+            raise ValueError(
+                f"The target attends with attn_implementation={implementation!r}, which cannot take the draft "
+                "tree's 4D attention mask, so tree verification would be wrong. Fix: load the target with "
+                'attn_implementation="sdpa" (or "eager"), e.g. AutoModelForCausalLM.from_pretrained(name, '
+                'attn_implementation="sdpa"), or call model.set_attn_implementation("sdpa").'
+            )
 
 
 def model_name_or_path(config) -> str | None:

@@ -17,7 +17,7 @@ from transformers.generation.logits_process import (
 
 import hf_spec
 from conftest import make_target, plain_generate, random_prompt
-from hf_spec import compat
+from hf_spec import compat, timing
 
 
 def _filled_cache(length: int = 10):
@@ -74,6 +74,22 @@ def test_attn_implementation_is_read_and_set_on_the_config():
         )
         after = target(prompt).logits
     torch.testing.assert_close(before, after, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("implementation", ["flash_attention_2", "flex_attention"])
+def test_tree_mask_incapable_attention_is_rejected_before_any_work(implementation):
+    target = make_target("llama")
+    drafter = hf_spec.EagleDrafter.from_target(target)
+    compat.set_attn_implementation(target.config, implementation)
+    forwards = []
+    hook = target.register_forward_pre_hook(lambda *args: forwards.append(1))
+    try:
+        with pytest.raises(ValueError, match=r'attn_implementation=.*sdpa.*eager') as info:
+            target.generate(random_prompt(), assistant_model=drafter, max_new_tokens=5, do_sample=False)
+    finally:
+        hook.remove()
+    assert implementation in str(info.value)
+    assert not forwards, "the attention check must run before any forward"
 
 
 def test_name_or_path(tmp_path):
@@ -143,3 +159,26 @@ def test_row_logits_processor_reindexes_per_row_state():
     scores = row(torch.tensor([[4, 5, 6, 7]]), torch.zeros(1, 10))
     assert calls == [1], f"PrefixConstrainedLogitsProcessor no longer calls its function per batch id: {calls}"
     assert torch.isinf(scores[0, 3:]).all() and not torch.isinf(scores[0, 1:3]).any()
+
+
+def test_clock_synchronizes_only_on_cuda(monkeypatch):
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    timing.clock(torch.device("cpu"))
+    timing.clock(None)
+    assert synced == []
+    timing.clock(torch.device("cuda", 0))
+    assert synced == [torch.device("cuda", 0)]
+
+
+@pytest.mark.cuda
+def test_greedy_equality_on_cuda():
+    target = make_target("llama").to("cuda")
+    drafter = hf_spec.EagleDrafter.from_target(target).to("cuda")
+    prompt = random_prompt().to("cuda")
+    expected = plain_generate(target, prompt, max_new_tokens=32, do_sample=False)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=32, do_sample=False,
+                          tree_depth=4, tree_top_k=4, tree_total_tokens=16)  # fmt: skip
+    assert torch.equal(out, expected)
+    stats = drafter.last_generation_stats
+    assert 0 < stats.target_forward_seconds <= stats.total_seconds

@@ -9,7 +9,6 @@ directly) and no final norm is applied: the target features are already post-nor
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +19,7 @@ from transformers.models.mistral.modeling_mistral import MistralDecoderLayer, Mi
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 from transformers.utils import ModelOutput
 
-from .. import compat
+from .. import compat, timing
 from ..cache import crop_to
 from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ..tree.tree import DraftTree, causal_mask
@@ -315,19 +314,19 @@ class EagleDraftingSession:
         into ``tree`` (unchanged when the option is off)."""
         if self.ngram_branches <= 0:
             return tree
-        start = time.perf_counter()
+        start = timing.clock(self.drafter.device)
         if self._ngram is None:
             if self.prompt_ids is None:
                 raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
             self._ngram = NGramBranches(self.prompt_ids)
         self._ngram.extend(next_tokens)
         tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample)
-        self.forward_seconds += time.perf_counter() - start
+        self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
 
     def _run(self, tokens, features, positions, mask, last_only: bool = False):
         """One drafter forward; log-probabilities for every row, or for the last one only."""
-        start = time.perf_counter()
+        start = timing.clock(self.drafter.device)
         out = self.drafter(
             input_ids=tokens.view(1, -1),
             hidden_states=features.unsqueeze(0),
@@ -342,7 +341,7 @@ class EagleDraftingSession:
         # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
         # propose nothing, and verification falls back to the target alone.
         logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
-        self.forward_seconds += time.perf_counter() - start
+        self.forward_seconds += timing.clock(self.drafter.device) - start
         return hidden, logq
 
     def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:

@@ -50,7 +50,6 @@ token's own probability would make q depend on the draw.)
 from __future__ import annotations
 
 import itertools
-import time
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -61,7 +60,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .. import compat, draft_vocab
+from .. import compat, draft_vocab, timing
 from ..tree.dynamic import TreeShape, draw_candidates
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
@@ -533,7 +532,7 @@ class SortedDraftingSession:
     @torch.no_grad()
     def propose(self, features, next_tokens: torch.Tensor) -> DraftTree:
         """Commit ``next_tokens`` (the last is the new root) and draft a chain of ``depth`` tokens."""
-        begin = time.perf_counter()
+        begin = timing.clock(self.drafter.device)
         tokens = next_tokens.to(self.first_token.device).view(-1)
         if not self.started:
             tokens = torch.cat([self.first_token, tokens])
@@ -563,7 +562,7 @@ class SortedDraftingSession:
         finally:
             self._rollback(self.committed)
             self.last_exits = exits
-            self.forward_seconds += time.perf_counter() - begin
+            self.forward_seconds += timing.clock(self.drafter.device) - begin
         draft_tokens = torch.cat(drafts) if drafts else root.new_empty(0)
         tree = DraftTree.chain(root, draft_tokens)
         if self.do_sample and drafts:
@@ -642,10 +641,10 @@ def search_thresholds(
             seconds = 0.0
             counts = [0] * num_exits
             for prompt in prompts:
-                start = time.perf_counter()
+                start = timing.clock(drafter.device)
                 target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens,
                                 **generate_kwargs)  # fmt: skip
-                seconds += time.perf_counter() - start
+                seconds += timing.clock(drafter.device) - start
                 session = drafter.last_drafting_session
                 stats = drafter.last_generation_stats
                 tokens += stats.new_tokens
