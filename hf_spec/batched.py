@@ -33,13 +33,12 @@ EOS and length criteria), that is also each row's plain single-prompt ``generate
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from . import compat
+from . import compat, timing
 from .cache import gather_positions, select_rows
 from .generation import GenerationStats, _Target, new_session, stop_flags
 from .verify import greedy_plan, greedy_result, verify_tree
@@ -169,7 +168,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
 
     stats = BatchGenerationStats()
     drafter.last_generation_stats = stats
-    loop_start = time.perf_counter()
+    loop_start = timing.clock(model.device)
     target = _BatchTarget(model, drafter.target_feature_layers())
 
     cache = compat.full_dynamic_cache()
@@ -293,7 +292,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
     stats.new_tokens = sum(row.stats.new_tokens for row in rows)
     stats.target_forward_seconds = target.seconds
     stats.drafter_forward_seconds = sum(getattr(row.session, "forward_seconds", 0.0) for row in rows)
-    stats.total_seconds = time.perf_counter() - loop_start
+    stats.total_seconds = timing.clock(model.device) - loop_start
     if generation_config.return_dict_in_generate:
         # The cache has per-row holes and drops finished rows, so it is not returned.
         return GenerateDecoderOnlyOutput(sequences=sequences, past_key_values=None)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import copy
 import functools
-import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers import GenerationMixin
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from . import compat
+from . import compat, timing
 from .cache import crop_to, keep_accepted
 from .drafters.base import SpecDrafterModel
 from .verify import verify_tree
@@ -124,6 +123,7 @@ class _Target:
         self.base = model.base_model
         self.lm_head = model.get_output_embeddings()
         self.sliding_window = target_sliding_window(model.config)
+        self.device = model.device
         self.seconds = 0.0
         self.feature_layers = tuple(feature_layers) if feature_layers else None
         self.drafter_features = None
@@ -137,7 +137,7 @@ class _Target:
 
     def _run(self, **inputs) -> torch.Tensor:
         """The base model's (b, q, H) last hidden state; sets :attr:`drafter_features`."""
-        start = time.perf_counter()
+        start = timing.clock(self.device)
         if self.feature_layers is None:
             out = self.base(**inputs, use_cache=True).last_hidden_state
             self.drafter_features = out
@@ -154,7 +154,7 @@ class _Target:
                 for hook in hooks:
                     hook.remove()
             self.drafter_features = torch.cat(captured, dim=-1)  # layers run in ascending order, as the ids
-        self.seconds += time.perf_counter() - start
+        self.seconds += timing.clock(self.device) - start
         return out
 
     def forward(self, input_ids, cache, attention_mask=None, position_ids=None) -> torch.Tensor:
@@ -168,9 +168,9 @@ class _Target:
         in the target's dtype, then ``.float()``. Verification runs it over every tree node:
         free on a GPU (memory bound), but on a CPU 61 rows of SmolLM2's head cost about 4 (fp32)
         / 2.7 (bf16) single-row calls, more than a walk at tau ~1.6 visits (measured 1 thread)."""
-        start = time.perf_counter()
+        start = timing.clock(self.device)
         logits = self.lm_head(features).float()
-        self.seconds += time.perf_counter() - start
+        self.seconds += timing.clock(self.device) - start
         return logits
 
 
@@ -195,6 +195,7 @@ def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
     """Raise ValueError for anything the tree path cannot do losslessly, before generating."""
     if input_ids.shape[1] == 0:
         raise ValueError("The prompt is empty. Fix: pass at least one token (e.g. the BOS token).")
+    compat.check_tree_mask_attention(model)
     unsupported = []
     if (generation_config.num_beams or 1) != 1:
         unsupported.append(f"num_beams={generation_config.num_beams} (beam search)")
@@ -279,7 +280,7 @@ def speculative_decode(
 
     stats = GenerationStats()
     drafter.last_generation_stats = stats
-    loop_start = time.perf_counter()
+    loop_start = timing.clock(model.device)
     target = _Target(model, drafter.target_feature_layers())
     keep_scores = bool(generation_config.return_dict_in_generate and generation_config.output_scores)
     keep_logits = bool(generation_config.return_dict_in_generate and generation_config.output_logits)
@@ -349,7 +350,7 @@ def speculative_decode(
     stats.new_tokens = sequence.shape[1] - prompt_length
     stats.target_forward_seconds = target.seconds
     stats.drafter_forward_seconds = getattr(session, "forward_seconds", 0.0)
-    stats.total_seconds = time.perf_counter() - loop_start
+    stats.total_seconds = timing.clock(model.device) - loop_start
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(
             sequences=sequence,

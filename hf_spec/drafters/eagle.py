@@ -9,22 +9,22 @@ directly) and no final norm is applied: the target features are already post-nor
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import AutoConfig, PretrainedConfig
+from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 from transformers.models.mistral.modeling_mistral import MistralDecoderLayer, MistralRotaryEmbedding
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 from transformers.utils import ModelOutput
 
-from .. import compat
+from .. import compat, timing
 from ..cache import crop_to
 from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
+from .layer_config import decoder_layer_config
 from .ngram import NGramBranches
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
 
@@ -99,14 +99,7 @@ class EagleDrafterConfig(SpecDrafterConfig):
         model_type = fields.pop("model_type", self.target_model_type)
         if model_type not in DECODER_LAYERS:
             raise ValueError(f"Unsupported drafter layer family {model_type!r}; supported: {sorted(DECODER_LAYERS)}.")
-        config = AutoConfig.for_model(model_type, **fields)
-        config.num_hidden_layers = self.num_layers
-        if hasattr(config, "layer_types"):
-            config.layer_types = ["full_attention"] * self.num_layers
-        if getattr(config, "sliding_window", None) is not None and model_type == "mistral":
-            config.sliding_window = None  # the drafter attends through explicit masks only
-        config._attn_implementation = "sdpa"
-        return config
+        return decoder_layer_config(model_type, fields, self.num_layers)
 
 
 @dataclass
@@ -321,19 +314,19 @@ class EagleDraftingSession:
         into ``tree`` (unchanged when the option is off)."""
         if self.ngram_branches <= 0:
             return tree
-        start = time.perf_counter()
+        start = timing.clock(self.drafter.device)
         if self._ngram is None:
             if self.prompt_ids is None:
                 raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
             self._ngram = NGramBranches(self.prompt_ids, datastore=self.drafter.ngram_datastore)
         self._ngram.extend(next_tokens)
         tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample)
-        self.forward_seconds += time.perf_counter() - start
+        self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
 
     def _run(self, tokens, features, positions, mask, last_only: bool = False):
         """One drafter forward; log-probabilities for every row, or for the last one only."""
-        start = time.perf_counter()
+        start = timing.clock(self.drafter.device)
         out = self.drafter(
             input_ids=tokens.view(1, -1),
             hidden_states=features.unsqueeze(0),
@@ -348,7 +341,7 @@ class EagleDraftingSession:
         # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
         # propose nothing, and verification falls back to the target alone.
         logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
-        self.forward_seconds += time.perf_counter() - start
+        self.forward_seconds += timing.clock(self.drafter.device) - start
         return hidden, logq
 
     def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:

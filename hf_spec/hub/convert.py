@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from .. import compat
+
 HF_SPEC = "hf_spec"
 EAGLE = "eagle"
 EAGLE3 = "eagle3"
@@ -204,7 +206,7 @@ def convert_eagle(
     if hidden != text_config.hidden_size:
         raise ValueError(
             f"The EAGLE drafter at {str(path)!r} has hidden size {hidden} but the given target "
-            f"({getattr(tconfig, '_name_or_path', '') or text_config.model_type}) has {text_config.hidden_size}. "
+            f"({compat.model_name_or_path(tconfig) or text_config.model_type}) has {text_config.hidden_size}. "
             "Fix: pass the target model (or its config) that this drafter was trained for."
         )
     eagle_vocab = eagle_config.get("vocab_size")
