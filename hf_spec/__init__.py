@@ -8,6 +8,8 @@ the one integration point (see :mod:`hf_spec.generation`): afterwards
 from transformers import AutoConfig, AutoModel
 
 from .drafters import (
+    Eagle3Drafter,
+    Eagle3DrafterConfig,
     EagleDrafter,
     EagleDrafterConfig,
     NGramDrafter,
@@ -29,6 +31,7 @@ __version__ = "0.1.0"
 
 DRAFTER_CLASSES = {
     EagleDrafterConfig.model_type: (EagleDrafterConfig, EagleDrafter),
+    Eagle3DrafterConfig.model_type: (Eagle3DrafterConfig, Eagle3Drafter),
     SortedDrafterConfig.model_type: (SortedDrafterConfig, SortedDrafter),
     ParallelDrafterConfig.model_type: (ParallelDrafterConfig, ParallelDrafter),
 }
@@ -44,6 +47,8 @@ __all__ = [
     "AutoDrafter",
     "EagleDrafter",
     "EagleDrafterConfig",
+    "Eagle3Drafter",
+    "Eagle3DrafterConfig",
     "NGramDrafter",
     "NGramDrafterConfig",
     "SortedDrafter",

@@ -33,13 +33,12 @@ EOS and length criteria), that is also each row's plain single-prompt ``generate
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from . import compat
+from . import compat, timing
 from .cache import gather_positions, select_rows
 from .generation import GenerationStats, _Target, new_session, stop_flags
 from .verify import greedy_plan, greedy_result, verify_tree
@@ -117,11 +116,8 @@ class _Row:
 class _BatchTarget(_Target):
     def forward_batch(self, input_ids, cache, attention_mask, position_ids) -> torch.Tensor:
         """Base model over (b, q) new tokens on top of ``cache``; the (b, q, H) features."""
-        start = time.perf_counter()
-        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=cache, use_cache=True)  # fmt: skip
-        self.seconds += time.perf_counter() - start
-        return out.last_hidden_state
+        return self._run(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache)  # fmt: skip
 
 
 def _verify_mask(trees, valid, slot_pos, start_pos, dtype, sliding_window):
@@ -172,8 +168,8 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
 
     stats = BatchGenerationStats()
     drafter.last_generation_stats = stats
-    loop_start = time.perf_counter()
-    target = _BatchTarget(model)
+    loop_start = timing.clock(model.device)
+    target = _BatchTarget(model, drafter.target_feature_layers())
 
     cache = compat.full_dynamic_cache()
     padded = bool((pads > 0).any())
@@ -194,7 +190,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
         sequence = input_ids[r : r + 1]
         scores = process(r, sequence, last_logits[r])
         first = torch.multinomial(torch.softmax(scores, dim=-1), 1) if do_sample else scores.argmax().view(1)
-        rows.append(_Row(index=r, session=session, sequence=sequence, pending_features=features[r, start:],
+        rows.append(_Row(index=r, session=session, sequence=sequence, pending_features=target.drafter_features[r, start:],
                          pending_tokens=torch.cat([row_prompt[0, 1:], first]), emitted=first,
                          stats=GenerationStats()))  # fmt: skip
     stats.rows = [row.stats for row in rows]
@@ -272,7 +268,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
             row.stats.record(tree, walk)
             nodes = walk.node_tensor(device)
             accepted.append(nodes)
-            row.pending_features = features[r, nodes]
+            row.pending_features = target.drafter_features[r, nodes]
             row.pending_tokens = row.emitted = walk.token_tensor(device)
         width = max(nodes.numel() for nodes in accepted)
         index = torch.stack([torch.cat([n, n[-1:].expand(width - n.numel())]) for n in accepted]) + past
@@ -296,7 +292,7 @@ def batched_speculative_decode(model, input_ids, logits_processor, stopping_crit
     stats.new_tokens = sum(row.stats.new_tokens for row in rows)
     stats.target_forward_seconds = target.seconds
     stats.drafter_forward_seconds = sum(getattr(row.session, "forward_seconds", 0.0) for row in rows)
-    stats.total_seconds = time.perf_counter() - loop_start
+    stats.total_seconds = timing.clock(model.device) - loop_start
     if generation_config.return_dict_in_generate:
         # The cache has per-row holes and drops finished rows, so it is not returned.
         return GenerateDecoderOnlyOutput(sequences=sequences, past_key_values=None)

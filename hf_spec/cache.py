@@ -31,9 +31,7 @@ def keep_accepted(cache: DynamicCache, prefix_length: int, accepted_nodes: torch
 
 def crop_to(cache: DynamicCache, length: int) -> None:
     """Drop every cached position from ``length`` on."""
-    excess = cache.get_seq_length() - length
-    if excess > 0:
-        cache.crop(-excess)  # transformers 5.x: a negative count of positions to remove
+    compat.crop_cache(cache, length)
 
 
 def gather_positions(cache: DynamicCache, prefix_length: int, index: torch.Tensor) -> None:

@@ -181,11 +181,13 @@ def _run_tune(args: argparse.Namespace) -> int:
 def _add_convert(p: argparse.ArgumentParser) -> None:
     from .resources import PACKAGED_MODELS
 
-    p.add_argument("source", help="EAGLE-1/2 or HASS drafter: local directory (or Hub repo id when online)")
+    p.add_argument("source", help="EAGLE-1/2, HASS, EAGLE-3 or speculators eagle3 drafter: local directory (or Hub "
+                   "repo id when online)")  # fmt: skip
     p.add_argument("output", help="directory the hf-spec drafter is written to")
     p.add_argument("--target", required=True,
                    help=f"the drafter's target: packaged model name ({', '.join(PACKAGED_MODELS)}) or model directory")  # fmt: skip
-    p.add_argument("--training-method", default=None, choices=["eagle", "hass"], help="for the model card (default: eagle)")
+    p.add_argument("--training-method", default=None, choices=["eagle", "hass", "eagle3"],
+                   help="for the model card (default: the family's, eagle or eagle3)")  # fmt: skip
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: the checkpoint's dtype")  # fmt: skip
 
@@ -193,7 +195,7 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
 def _run_convert(args: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
-    from .hub.convert import EAGLE, convert_eagle, resolve
+    from .hub.convert import CONVERTERS, resolve
     from .resources import PACKAGED_MODELS, packaged_model_path
 
     target_dir = packaged_model_path(args.target) if args.target in PACKAGED_MODELS else args.target
@@ -201,9 +203,9 @@ def _run_convert(args: argparse.Namespace) -> int:
         raise SystemExit(f"--target {args.target!r} is neither a packaged model ({', '.join(PACKAGED_MODELS)}) "
                          "nor a local model directory")  # fmt: skip
     layout, path = resolve(args.source)
-    if layout != EAGLE:
+    if layout not in CONVERTERS:
         raise SystemExit(f"{args.source!r} is already an hf-spec drafter; nothing to convert")
-    drafter = convert_eagle(path, target_config=AutoConfig.from_pretrained(target_dir), dtype=args.dtype,
+    drafter = CONVERTERS[layout][1](path, target_config=AutoConfig.from_pretrained(target_dir), dtype=args.dtype,
                             training_method=args.training_method, name_or_path=args.target, source=args.source)  # fmt: skip
     drafter.save_pretrained(args.output)
     print(f"wrote {args.output} ({type(drafter).__name__} for {args.target})")
@@ -214,7 +216,7 @@ COMMANDS: list[tuple[str, str, Callable, Callable]] = [
     ("bench", "speed / τ benchmark of decoding methods on MT-bench, HumanEval, GSM8K", _add_bench, _run_bench),
     ("install-models", "pip-install the pinned model and data-set packages (--no-deps)", _add_install_models, _run_install_models),
     ("demo", "answer prompts with plain greedy and with the best shipped drafter; compare text and speed", _add_demo, _run_demo),
-    ("convert", "convert an EAGLE-1/2 or HASS drafter checkpoint to hf-spec's format", _add_convert, _run_convert),
+    ("convert", "convert an EAGLE-1/2, HASS, EAGLE-3 or speculators eagle3 drafter checkpoint to hf-spec's format", _add_convert, _run_convert),
     ("tune", "measure this machine and pick the draft-tree shape with the best tokens/s (--write stores it)", _add_tune, _run_tune),
     # ("train", ...): added by its owner.
 ]

@@ -1,10 +1,28 @@
 """Every touch of transformers internals lives here (tested against transformers>=5.23,<5.24).
 
-- ``DynamicCache.layers[i].keys/.values`` are read and reassigned to compact the cache.
-- Two logits processors' per-row state is re-indexed for one batch row (:func:`row_logits_processor`).
-- ``GenerationMixin.generate`` is wrapped (see :mod:`hf_spec.generation`), and its
-  ``custom_generate=callable`` hook is used to run our decoding loop inside transformers'
-  own argument preparation.
+Each private or version-sensitive access is one small named function below, and each has a test
+in ``tests/test_compat.py`` that exercises the real attribute on a tiny real model or cache and
+fails with a message naming the attribute when a transformers upgrade changes it:
+
+- ``DynamicCache.layers[i].keys/.values`` (and ``.is_initialized``) are read and reassigned to
+  compact the cache (:func:`cache_layers_kv`, :func:`set_layer_kv`, :func:`crop_cache_layers`).
+- ``DynamicCache.crop(n)`` with a negative ``n`` removes ``-n`` positions (:func:`crop_cache`).
+- ``config._attn_implementation`` is read (the tree path needs an implementation that takes an
+  arbitrary 4D mask, :func:`check_tree_mask_attention`) and set on drafter layer configs
+  (:func:`attn_implementation`, :func:`set_attn_implementation`).
+- ``config._name_or_path`` is read as a model's name and set on packaged models
+  (:func:`model_name_or_path`, :func:`set_model_name_or_path`).
+- ``generation_config._pad_token_tensor``, the pad token ``generate()`` prepared
+  (:func:`pad_token_tensor`).
+- A GGUF-loaded model's ``hf_quantizer`` / ``is_quantized`` are cleared before saving its
+  dequantized weights (:func:`drop_quantizer`).
+- Two logits processors' per-row state (``RepetitionPenaltyLogitsProcessor.prompt_ignore_length``,
+  ``PrefixConstrainedLogitsProcessor._prefix_allowed_tokens_fn``) is re-indexed for one batch row
+  (:func:`row_logits_processor`).
+- ``GenerationMixin.generate`` is wrapped in :mod:`hf_spec.generation` (``install``/``uninstall``;
+  public names only), and its ``custom_generate=callable`` hook runs our decoding loop inside
+  transformers' own argument preparation: the loop is called as
+  ``loop(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs)``.
 """
 
 from __future__ import annotations
@@ -49,6 +67,69 @@ def crop_cache_layers(cache: DynamicCache, layer_indices, length: int) -> None:
             continue
         if layer.keys.shape[-2] > length:
             set_layer_kv(layer, layer.keys[..., :length, :], layer.values[..., :length, :])
+
+
+def attn_implementation(config) -> str | None:
+    """The attention implementation a model (config) runs with: transformers' private ``config._attn_implementation``."""
+    return getattr(config, "_attn_implementation", None)
+
+
+def set_attn_implementation(config, implementation: str) -> None:
+    """Set ``config._attn_implementation`` (the private attribute a model's attention layers read at call time)."""
+    config._attn_implementation = implementation
+
+
+TREE_MASK_ATTENTION = ("sdpa", "eager")
+"""Attention implementations that take an arbitrary additive 4D mask (the draft tree's)."""
+
+
+def check_tree_mask_attention(model) -> None:
+    """ValueError unless ``model`` attends with an implementation that takes a 4D tree mask.
+
+    flash-attention (and the other kernels transformers dispatches to by name) only know causal
+    or sliding-window masks, so a verified tree would silently attend to the wrong tokens.
+    """
+    config = getattr(model, "config", model)
+    configs = [config]
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text is not config:
+        configs.append(text)
+    for cfg in configs:
+        implementation = attn_implementation(cfg)
+        if implementation is not None and implementation not in TREE_MASK_ATTENTION:
+            raise ValueError(
+                f"The target attends with attn_implementation={implementation!r}, which cannot take the draft "
+                "tree's 4D attention mask, so tree verification would be wrong. Fix: load the target with "
+                'attn_implementation="sdpa" (or "eager"), e.g. AutoModelForCausalLM.from_pretrained(name, '
+                'attn_implementation="sdpa"), or call model.set_attn_implementation("sdpa").'
+            )
+
+
+def model_name_or_path(config) -> str | None:
+    """The name or path a model (config) was loaded from: transformers' private ``config._name_or_path``."""
+    return getattr(config, "_name_or_path", None)
+
+
+def set_model_name_or_path(config, name: str) -> None:
+    """Record ``name`` as the model's name (``config._name_or_path``), e.g. a packaged name instead of a cache path."""
+    config._name_or_path = name
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Drop every cached position from ``length`` on (``DynamicCache.crop``: a negative count removes that many)."""
+    excess = cache.get_seq_length() - length
+    if excess > 0:
+        cache.crop(-excess)
+
+
+def drop_quantizer(model) -> None:
+    """Forget a GGUF-loaded model's quantizer (``model.hf_quantizer``, which ``save_pretrained`` refuses,
+    and ``config.quantization_config``) so it saves its already dequantized weights. (``is_quantized``
+    is not a model attribute in transformers 5.23; it is still cleared as older versions had it.)"""
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
 
 
 def pad_token_tensor(generation_config):

@@ -132,9 +132,14 @@ class DraftHead:
 
     def to_full(self, draft_values: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
         """Scatter (R, D) values into (R, V) at the draft ids, ``fill`` elsewhere."""
-        out = draft_values.new_full((*draft_values.shape[:-1], self.vocab_size), fill)
-        out[..., self.ids] = draft_values
-        return out
+        return scatter_to_vocab(draft_values, self.ids, self.vocab_size, fill)
+
+
+def scatter_to_vocab(draft_values: torch.Tensor, draft_ids: torch.Tensor, vocab_size: int, fill: float = float("-inf")):
+    """Scatter (..., D) values over the draft vocabulary into (..., V) at ``draft_ids``, ``fill`` elsewhere."""
+    out = draft_values.new_full((*draft_values.shape[:-1], vocab_size), fill)
+    out[..., draft_ids] = draft_values
+    return out
 
 
 def restrict_target_logits(full_logits: torch.Tensor, draft_ids: torch.Tensor, t2d: torch.Tensor):

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import copy
 import functools
-import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers import GenerationMixin
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from . import compat
+from . import compat, timing
 from .cache import crop_to, keep_accepted
 from .drafters.base import SpecDrafterModel
 from .verify import verify_tree
@@ -113,35 +112,65 @@ class GenerationStats:
 
 
 class _Target:
-    """The target split into its base model (features = post-norm last hidden state) and LM head."""
+    """The target split into its base model (features = post-norm last hidden state) and LM head.
 
-    def __init__(self, model):
+    ``feature_layers`` (the drafter's :meth:`~hf_spec.drafters.base.SpecDrafterModel.target_feature_layers`):
+    each forward also captures the inputs of those decoder layers (HF ``hidden_states[i]``) with
+    forward pre-hooks, only those, not ``output_hidden_states``, into :attr:`drafter_features`
+    (their concatenation); None: the drafter's features are the last hidden state itself."""
+
+    def __init__(self, model, feature_layers=None):
         self.base = model.base_model
         self.lm_head = model.get_output_embeddings()
         self.sliding_window = target_sliding_window(model.config)
+        self.device = model.device
         self.seconds = 0.0
+        self.feature_layers = tuple(feature_layers) if feature_layers else None
+        self.drafter_features = None
+        """What the drafter reads of the last forward, (b, q, ·), set by :meth:`_run`."""
+        if self.feature_layers is not None:
+            layers = getattr(self.base, "layers", None)
+            if layers is None or max(self.feature_layers) >= len(layers):
+                raise ValueError(f"The drafter reads target layers {list(self.feature_layers)}, but the target has "
+                                 f"{len(layers or [])} decoder layers in `.layers`. Fix: use the drafter's own target.")  # fmt: skip
+            self._layers = [layers[i] for i in self.feature_layers]
+
+    def _run(self, **inputs) -> torch.Tensor:
+        """The base model's (b, q, H) last hidden state; sets :attr:`drafter_features`."""
+        start = timing.clock(self.device)
+        if self.feature_layers is None:
+            out = self.base(**inputs, use_cache=True).last_hidden_state
+            self.drafter_features = out
+        else:
+            captured = []
+
+            def capture(module, args, kwargs):
+                captured.append(args[0] if args else kwargs["hidden_states"])
+
+            hooks = [layer.register_forward_pre_hook(capture, with_kwargs=True) for layer in self._layers]
+            try:
+                out = self.base(**inputs, use_cache=True).last_hidden_state
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            self.drafter_features = torch.cat(captured, dim=-1)  # layers run in ascending order, as the ids
+        self.seconds += timing.clock(self.device) - start
+        return out
 
     def forward(self, input_ids, cache, attention_mask=None, position_ids=None) -> torch.Tensor:
-        """Run the base model on top of ``cache``; returns the features (n, H) of the new tokens."""
-        start = time.perf_counter()
-        out = self.base(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        self.seconds += time.perf_counter() - start
-        return out.last_hidden_state[0]
+        """Run the base model on top of ``cache``; returns the features (n, H) of the new tokens
+        (the drafter's features of them: ``drafter_features[0]``)."""
+        return self._run(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache)[0]  # fmt: skip
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Raw float32 logits of features (..., H): one LM-head matmul (one read of its weights)
         in the target's dtype, then ``.float()``. Verification runs it over every tree node:
         free on a GPU (memory bound), but on a CPU 61 rows of SmolLM2's head cost about 4 (fp32)
         / 2.7 (bf16) single-row calls, more than a walk at tau ~1.6 visits (measured 1 thread)."""
-        start = time.perf_counter()
+        start = timing.clock(self.device)
         logits = self.lm_head(features).float()
-        self.seconds += time.perf_counter() - start
+        self.seconds += timing.clock(self.device) - start
         return logits
 
 
@@ -166,6 +195,7 @@ def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
     """Raise ValueError for anything the tree path cannot do losslessly, before generating."""
     if input_ids.shape[1] == 0:
         raise ValueError("The prompt is empty. Fix: pass at least one token (e.g. the BOS token).")
+    compat.check_tree_mask_attention(model)
     unsupported = []
     if (generation_config.num_beams or 1) != 1:
         unsupported.append(f"num_beams={generation_config.num_beams} (beam search)")
@@ -250,8 +280,8 @@ def speculative_decode(
 
     stats = GenerationStats()
     drafter.last_generation_stats = stats
-    loop_start = time.perf_counter()
-    target = _Target(model)
+    loop_start = timing.clock(model.device)
+    target = _Target(model, drafter.target_feature_layers())
     keep_scores = bool(generation_config.return_dict_in_generate and generation_config.output_scores)
     keep_logits = bool(generation_config.return_dict_in_generate and generation_config.output_logits)
     all_scores, all_logits = [], []
@@ -272,7 +302,7 @@ def speculative_decode(
         first = torch.multinomial(torch.softmax(first_scores, dim=-1), 1)
     else:
         first = first_scores.argmax().view(1)
-    pending_features = features
+    pending_features = target.drafter_features[0]
     pending_tokens = torch.cat([input_ids[0, 1:], first])
     emitted, emitted_host = first, first.tolist()
     step_scores, step_logits = [first_scores], [last_logits]
@@ -310,7 +340,7 @@ def speculative_decode(
         stats.record(tree, walk)
         accepted = walk.node_tensor(features.device)
         keep_accepted(cache, past, accepted, contiguous=walk.accepted_contiguously)
-        pending_features = features[accepted]
+        pending_features = target.drafter_features[0, accepted]
         pending_tokens = emitted = walk.token_tensor(features.device)
         emitted_host, step_scores, step_logits = walk.tokens, walk.scores, walk.logits
 
@@ -320,7 +350,7 @@ def speculative_decode(
     stats.new_tokens = sequence.shape[1] - prompt_length
     stats.target_forward_seconds = target.seconds
     stats.drafter_forward_seconds = getattr(session, "forward_seconds", 0.0)
-    stats.total_seconds = time.perf_counter() - loop_start
+    stats.total_seconds = timing.clock(model.device) - loop_start
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(
             sequences=sequence,

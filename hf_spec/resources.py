@@ -308,10 +308,9 @@ def _convert(entry: PackagedModel, workdir: Path, out_dir: Path) -> None:
         raise RuntimeError(f"{entry.name}: converted config {facts} differs from the expected {expected}")
     # A GGUF-loaded model refuses save_pretrained while it carries the GGUF quantizer; its
     # weights are already plain dequantized tensors, so dropping the quantizer is lossless.
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(cfg, "quantization_config"):
-        del cfg.quantization_config
+    from . import compat
+
+    compat.drop_quantizer(model)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     record = {
@@ -357,11 +356,51 @@ def load_packaged_model(name: str, dtype: torch.dtype = torch.bfloat16, attn_imp
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from . import compat
+
     path = packaged_model_path(name)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
-    model.config._name_or_path = name  # the packaged name, not the cache path: drafters record it as their target
+    compat.set_model_name_or_path(model.config, name)  # the packaged name, not the cache path: drafters record it as their target
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model.eval(), tokenizer
+
+
+class UnknownModelError(KeyError, ValueError):
+    """Neither a packaged model name nor a local directory (a KeyError and a ValueError, as callers caught either)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16,
+               attn_implementation: str | None = None, tokenizer_required: bool = True):  # fmt: skip
+    """``(model, tokenizer)`` in eval mode from a local HF directory or a packaged model name.
+
+    The one loader for "a packaged name or a path" (training, the bench harness and the CLI use
+    it). A local directory wins over a packaged name of the same spelling. ``attn_implementation``:
+    None keeps transformers' default for a directory and ``"sdpa"`` for a packaged model (as
+    :func:`load_packaged_model`). ``tokenizer_required=False`` returns None as the tokenizer of a
+    directory without one (tokenizer-free test models; prompts must come pre-tokenized).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name_or_path = os.fspath(name_or_path)
+    if not os.path.isdir(name_or_path):
+        if name_or_path not in PACKAGED_MODELS:
+            raise UnknownModelError(
+                f"{name_or_path!r} is neither a packaged model ({', '.join(PACKAGED_MODELS)}) nor a local "
+                "directory; this machine has no Hub access, so pass a path to a saved model"
+            )
+        return load_packaged_model(name_or_path, dtype=dtype, attn_implementation=attn_implementation or "sdpa")
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **extra).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError):
+        if tokenizer_required:
+            raise
+        tokenizer = None
+    return model, tokenizer
 
 
 def _pip_install(requirements: Sequence[str], flags: Sequence[str] = ()) -> None:

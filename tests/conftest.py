@@ -113,6 +113,16 @@ def plain_generate(target, input_ids, **kwargs):
         hf_spec.install()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` skip on machines without a CUDA GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(params=FAMILIES)
 def family(request):
     return request.param

@@ -215,7 +215,7 @@ def test_unknown_layouts_list_what_was_found(tmp_path):
     (eagle3 / "config.json").write_text(json.dumps({**eagle_config(target, False), "draft_vocab_size": 32}))
     save_file({"fc.weight": torch.zeros(64, 192), "midlayer.mlp.up_proj.weight": torch.zeros(4, 64)},
               str(eagle3 / "model.safetensors"))  # fmt: skip
-    with pytest.raises(convert.UnsupportedLayoutError, match="an EAGLE-3 checkpoint"):
+    with pytest.raises(ValueError, match="converts to Eagle3Drafter, not EagleDrafter"):
         hf_spec.EagleDrafter.from_pretrained(eagle3, target=target)
     (tmp_path / "empty").mkdir()
     with pytest.raises(convert.UnsupportedLayoutError, match="no config.json"):

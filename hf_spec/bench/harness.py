@@ -116,24 +116,11 @@ class Method:
 
 
 def load_model(name_or_path: str, dtype: torch.dtype = torch.bfloat16):
-    """``(model, tokenizer_or_None)`` from a packaged model name or a local HF directory."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """``(model, tokenizer_or_None)`` from a packaged model name or a local HF directory
+    (:func:`hf_spec.resources.load_model`; a directory without a tokenizer gives None)."""
+    from ..resources import load_model as load
 
-    from ..resources import PACKAGED_MODELS, load_packaged_model
-
-    if name_or_path in PACKAGED_MODELS:
-        return load_packaged_model(name_or_path, dtype=dtype)
-    if not os.path.isdir(name_or_path):
-        raise ValueError(
-            f"{name_or_path!r} is neither a packaged model ({', '.join(PACKAGED_MODELS)}) nor a local "
-            "directory; this machine has no Hub access, so pass a path to a saved model"
-        )
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).eval()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    except (OSError, ValueError):
-        tokenizer = None  # a tokenizer-free model (tests); prompts must come pre-tokenized
-    return model, tokenizer
+    return load(name_or_path, dtype=dtype, tokenizer_required=False)
 
 
 NGRAM_OPTIONS = {"depth": "max_depth", "tokens": "num_draft_tokens", "branches": "max_branches",

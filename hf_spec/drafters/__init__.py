@@ -2,6 +2,7 @@
 
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .eagle import EagleDrafter, EagleDrafterConfig
+from .eagle3 import Eagle3Drafter, Eagle3DrafterConfig
 from .ngram import NGramDrafter, NGramDrafterConfig
 from .parallel import ParallelDrafter, ParallelDrafterConfig
 from .sorted import SortedDrafter, SortedDrafterConfig
@@ -11,6 +12,8 @@ __all__ = [
     "SpecDrafterModel",
     "EagleDrafter",
     "EagleDrafterConfig",
+    "Eagle3Drafter",
+    "Eagle3DrafterConfig",
     "NGramDrafter",
     "NGramDrafterConfig",
     "ParallelDrafter",

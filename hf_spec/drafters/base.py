@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
-from .. import draft_vocab
+from .. import compat, draft_vocab
 from ..tree.dynamic import TreeShape
 
 
@@ -97,7 +97,7 @@ class SpecDrafterConfig(PretrainedConfig):
         """The ``target_*`` fields describing ``target_config``."""
         text_config = target_config.get_text_config()
         return dict(
-            target_model_name_or_path=name_or_path or getattr(target_config, "_name_or_path", None) or None,
+            target_model_name_or_path=name_or_path or compat.model_name_or_path(target_config) or None,
             target_model_type=text_config.model_type,
             target_architectures=list(getattr(target_config, "architectures", None) or []),
             target_hidden_size=text_config.hidden_size,
@@ -118,12 +118,12 @@ class SpecDrafterConfig(PretrainedConfig):
         if problems:
             raise ValueError(
                 f"This {type(self).__name__} drafter was made for {made_for} and cannot serve the given target "
-                f"({getattr(target.config, '_name_or_path', '') or type(target).__name__}): "
+                f"({compat.model_name_or_path(target.config) or type(target).__name__}): "
                 + "; ".join(problems)
                 + f". Fix: load the target the drafter was trained for ({made_for}), or train a drafter for this "
                 "target (training_scripts/, or `from_target(target)` for a fresh one)."
             )
-        target_name = getattr(target.config, "_name_or_path", None)
+        target_name = compat.model_name_or_path(target.config)
         if self.target_model_name_or_path and target_name and target_name != self.target_model_name_or_path:
             warnings.warn(
                 f"Drafter was trained for {self.target_model_name_or_path!r} but is bound to {target_name!r}; "
@@ -286,7 +286,7 @@ class SpecDrafterModel(PreTrainedModel):
         if not self.has_draft_vocab:
             return self.lm_logits(target_features), None
         if argmax_ids is not None:
-            return self.draft_logits(target_features), self.t2d.to(argmax_ids.device)[argmax_ids]
+            return self.draft_head().logits(target_features), self.t2d.to(argmax_ids.device)[argmax_ids]
         return draft_vocab.restrict_target_logits(self.lm_logits(target_features), self.draft_ids, self.t2d)
 
     # -- training/saving helpers -------------------------------------------------------------
@@ -314,6 +314,11 @@ class SpecDrafterModel(PreTrainedModel):
             if total_tokens is not None
             else getattr(gc, "tree_total_tokens", self.config.tree_total_tokens),
         )
+
+    def target_feature_layers(self) -> tuple[int, ...] | None:
+        """Target layers whose inputs (HF ``hidden_states[i]``) the drafter reads, concatenated, as its
+        features; None (the default): the target's last, post-norm hidden state."""
+        return None
 
     def new_drafting_session(
         self, target: PreTrainedModel, shape: TreeShape, do_sample: bool, temperature: float, prompt_ids: torch.Tensor

@@ -9,22 +9,22 @@ directly) and no final norm is applied: the target features are already post-nor
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import AutoConfig, PretrainedConfig
+from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 from transformers.models.mistral.modeling_mistral import MistralDecoderLayer, MistralRotaryEmbedding
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 from transformers.utils import ModelOutput
 
-from .. import compat
+from .. import compat, timing
 from ..cache import crop_to
 from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
+from .layer_config import decoder_layer_config
 from .ngram import NGramBranches
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
 
@@ -82,7 +82,7 @@ class EagleDrafterConfig(SpecDrafterConfig):
 
     @classmethod
     def for_target(cls, target_config: PretrainedConfig, name_or_path: str | None = None, **kwargs):
-        """A config shaped for ``target_config`` (the target's ``config``)."""
+        """A config shaped for ``target_config`` (the target's ``config``); ``kwargs`` override its fields."""
         text_config = target_config.get_text_config()
         if text_config.model_type not in DECODER_LAYERS:
             raise ValueError(
@@ -91,7 +91,7 @@ class EagleDrafterConfig(SpecDrafterConfig):
             )
         layer_config = {k: v for k, v in text_config.to_dict().items() if k not in _NOT_LAYER_FIELDS}
         layer_config["model_type"] = text_config.model_type
-        return cls(layer_config=layer_config, **cls.target_fields(target_config, name_or_path), **kwargs)
+        return cls(**{"layer_config": layer_config, **cls.target_fields(target_config, name_or_path), **kwargs})
 
     def decoder_layer_config(self) -> PretrainedConfig:
         """The transformers config the drafter's decoder layers are built from."""
@@ -99,14 +99,7 @@ class EagleDrafterConfig(SpecDrafterConfig):
         model_type = fields.pop("model_type", self.target_model_type)
         if model_type not in DECODER_LAYERS:
             raise ValueError(f"Unsupported drafter layer family {model_type!r}; supported: {sorted(DECODER_LAYERS)}.")
-        config = AutoConfig.for_model(model_type, **fields)
-        config.num_hidden_layers = self.num_layers
-        if hasattr(config, "layer_types"):
-            config.layer_types = ["full_attention"] * self.num_layers
-        if getattr(config, "sliding_window", None) is not None and model_type == "mistral":
-            config.sliding_window = None  # the drafter attends through explicit masks only
-        config._attn_implementation = "sdpa"
-        return config
+        return decoder_layer_config(model_type, fields, self.num_layers)
 
 
 @dataclass
@@ -144,18 +137,10 @@ class EagleDrafter(SpecDrafterModel):
         """transformers' ``from_pretrained`` for hf-spec checkpoints; EAGLE-1/2 and HASS checkpoints (local
         directory or Hub repo) are converted (:func:`hf_spec.hub.convert.convert_eagle`, which needs
         ``target`` or ``target_config``). With ``target`` the drafter comes back bound to it."""
-        from ..hub import convert
+        from ..hub.convert import family_from_pretrained
 
-        hub_kwargs = convert.split_hub_kwargs(kwargs)
-        layout, path = convert.resolve(pretrained_model_name_or_path, **hub_kwargs)
-        if layout == convert.EAGLE:
-            if cls is not EagleDrafter:
-                raise ValueError(f"{pretrained_model_name_or_path!r} is an EAGLE/HASS checkpoint, which converts to "
-                                 f"EagleDrafter, not {cls.__name__}. Fix: load it with EagleDrafter or AutoDrafter.")  # fmt: skip
-            return convert.convert_eagle(path, target, target_config, source=str(pretrained_model_name_or_path),
-                                         **kwargs)  # fmt: skip
-        drafter = super().from_pretrained(pretrained_model_name_or_path, *model_args, **hub_kwargs, **kwargs)
-        return drafter.bind(target) if target is not None else drafter
+        return family_from_pretrained(super(), cls, pretrained_model_name_or_path, model_args, target, target_config,
+                                      kwargs)  # fmt: skip
 
     # hf-spec:hub-end
 
@@ -251,18 +236,7 @@ class EagleDrafter(SpecDrafterModel):
         """
         embeds = (self.embed(input_ids) if inputs_embeds is None else inputs_embeds).to(self.fc.weight.dtype)
         x = self.fc(torch.cat([embeds, hidden_states.to(self.fc.weight.dtype)], dim=-1))
-        batch, length = input_ids.shape
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if position_ids is None:
-            position_ids = torch.arange(past, past + length, device=x.device).view(1, -1).expand(batch, -1)
-        if attention_mask is None or attention_mask.dim() == 2:
-            mask = causal_mask(past, length, x.dtype, x.device)
-            if attention_mask is not None:
-                keys_valid = attention_mask.bool().view(batch, 1, 1, -1)
-                if keys_valid.shape[-1] != past + length:
-                    raise ValueError("A 2D attention_mask must cover the cached and the new positions.")
-                mask = mask.masked_fill(~keys_valid, torch.finfo(x.dtype).min)
-            attention_mask = mask
+        position_ids, attention_mask = positions_and_mask(x, position_ids, attention_mask, past_key_values)
         position_embeddings = self.rotary_emb(x, position_ids)
         for layer in self.layers:
             x = layer(
@@ -281,6 +255,25 @@ class EagleDrafter(SpecDrafterModel):
 
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         return EagleDraftingSession(self, shape, do_sample, temperature, prompt_ids)
+
+
+def positions_and_mask(x: torch.Tensor, position_ids, attention_mask, past_key_values):
+    """Default position ids (past length + arange) and the additive 4D mask of one drafter pass over
+    ``x`` (b, s, ·): a given 4D mask is kept, a (b, past + s) 0/1 padding mask is combined with causal
+    masking, and None means causal."""
+    batch, length = x.shape[:2]
+    past = past_key_values.get_seq_length() if past_key_values is not None else 0
+    if position_ids is None:
+        position_ids = torch.arange(past, past + length, device=x.device).view(1, -1).expand(batch, -1)
+    if attention_mask is None or attention_mask.dim() == 2:
+        mask = causal_mask(past, length, x.dtype, x.device)
+        if attention_mask is not None:
+            keys_valid = attention_mask.bool().view(batch, 1, 1, -1)
+            if keys_valid.shape[-1] != past + length:
+                raise ValueError("A 2D attention_mask must cover the cached and the new positions.")
+            mask = mask.masked_fill(~keys_valid, torch.finfo(x.dtype).min)
+        attention_mask = mask
+    return position_ids, attention_mask
 
 
 def check_ngram_branches(value) -> int:
@@ -321,19 +314,19 @@ class EagleDraftingSession:
         into ``tree`` (unchanged when the option is off)."""
         if self.ngram_branches <= 0:
             return tree
-        start = time.perf_counter()
+        start = timing.clock(self.drafter.device)
         if self._ngram is None:
             if self.prompt_ids is None:
                 raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
             self._ngram = NGramBranches(self.prompt_ids, datastore=self.drafter.ngram_datastore)
         self._ngram.extend(next_tokens)
         tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample)
-        self.forward_seconds += time.perf_counter() - start
+        self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
 
     def _run(self, tokens, features, positions, mask, last_only: bool = False):
         """One drafter forward; log-probabilities for every row, or for the last one only."""
-        start = time.perf_counter()
+        start = timing.clock(self.drafter.device)
         out = self.drafter(
             input_ids=tokens.view(1, -1),
             hidden_states=features.unsqueeze(0),
@@ -348,7 +341,7 @@ class EagleDraftingSession:
         # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
         # propose nothing, and verification falls back to the target alone.
         logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
-        self.forward_seconds += time.perf_counter() - start
+        self.forward_seconds += timing.clock(self.drafter.device) - start
         return hidden, logq
 
     def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:

@@ -35,11 +35,11 @@ this law: every emitted token follows the target's distribution exactly.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
+from .. import timing
 from ..tree.dynamic import TreeShape
 from ..tree.tree import DraftTree
 from .base import SpecDrafterConfig, SpecDrafterModel
@@ -451,11 +451,11 @@ class NGramDraftingSession:
 
     def propose(self, features: torch.Tensor | None, next_tokens: torch.Tensor) -> DraftTree:
         """Index ``next_tokens`` and draft the trie of continuations under ``next_tokens[-1]``."""
-        start = time.perf_counter()
+        start = timing.clock(next_tokens.device)
         self.index.extend(next_tokens.tolist())
         shape = self.shape
         continuations = continuations_with_datastore(self.index, self.datastore, shape.depth, self.max_occurrences)
         trie = build_trie(continuations, shape.total_tokens, shape.depth, shape.top_k)
         tree = trie_to_draft_tree(int(next_tokens[-1]), trie, device=next_tokens.device)
-        self.forward_seconds += time.perf_counter() - start
+        self.forward_seconds += timing.clock(next_tokens.device) - start
         return tree

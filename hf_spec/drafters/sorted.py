@@ -50,7 +50,6 @@ token's own probability would make q depend on the draw.)
 from __future__ import annotations
 
 import itertools
-import time
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -58,14 +57,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .. import compat, draft_vocab
+from .. import compat, draft_vocab, timing
 from ..tree.dynamic import TreeShape, draw_candidates
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .eagle import _NOT_LAYER_FIELDS, DECODER_LAYERS
+from .layer_config import decoder_layer_config
 
 DEFAULT_THRESHOLDS_FRACTIONS = (0.9, 0.7)
 """Default thresholds of the non-final exits, first exit first (the last exit always accepts)."""
@@ -153,19 +153,12 @@ class SortedDrafterConfig(SpecDrafterConfig):
         if model_type not in DECODER_LAYERS:
             raise ValueError(f"Unsupported sorted drafter family {model_type!r}; supported: {sorted(DECODER_LAYERS)}.")
         fields["vocab_size"] = self.target_vocab_size
-        config = AutoConfig.for_model(model_type, **fields)
-        config.num_hidden_layers = self.num_layers
-        if hasattr(config, "layer_types"):
-            config.layer_types = ["full_attention"] * self.num_layers
-        if model_type == "mistral":
-            config.sliding_window = None
-        config._attn_implementation = "sdpa"
-        return config
+        return decoder_layer_config(model_type, fields, self.num_layers)
 
     def thresholds_for(self, target: PreTrainedModel) -> list[float]:
         """The thresholds serving ``target``; ValueError if its vocabulary differs from the drafter's."""
         text = target.config.get_text_config()
-        name = getattr(target.config, "_name_or_path", None) or None
+        name = compat.model_name_or_path(target.config) or None
         served = [t.get("name_or_path") for t in self.targets]
         if self.target_vocab_size is not None and text.vocab_size != self.target_vocab_size:
             raise ValueError(
@@ -190,7 +183,7 @@ class SortedDrafterConfig(SpecDrafterConfig):
     def set_target_thresholds(self, target_config: PretrainedConfig, thresholds, name_or_path: str | None = None):
         """Record ``thresholds`` for a target (adds the entry if the target is not listed)."""
         text = target_config.get_text_config()
-        name = name_or_path or getattr(target_config, "_name_or_path", None) or None
+        name = name_or_path or compat.model_name_or_path(target_config) or None
         thresholds = [float(t) for t in thresholds]
         for entry in self.targets:
             if entry.get("name_or_path") == name:
@@ -207,7 +200,7 @@ def target_entry(target, thresholds, name_or_path: str | None = None) -> dict:
     config = getattr(target, "config", target)
     text = config.get_text_config()
     return dict(
-        name_or_path=name_or_path or getattr(config, "_name_or_path", None) or None,
+        name_or_path=name_or_path or compat.model_name_or_path(config) or None,
         model_type=text.model_type,
         hidden_size=text.hidden_size,
         vocab_size=text.vocab_size,
@@ -286,7 +279,7 @@ class SortedDrafter(SpecDrafterModel):
         config = SortedDrafterConfig(
             num_layers=num_layers, exits=exits, layer_config=layer_config, target_vocab_size=text.vocab_size,
             targets=entries, default_thresholds=defaults,
-            source_model_name_or_path=source_name_or_path or getattr(model.config, "_name_or_path", None) or None,
+            source_model_name_or_path=source_name_or_path or compat.model_name_or_path(model.config) or None,
             tie_word_embeddings=bool(getattr(text, "tie_word_embeddings", False)), **config_kwargs,
         )  # fmt: skip
         drafter = cls(config)
@@ -442,11 +435,8 @@ class SortedDrafter(SpecDrafterModel):
         fields = dict(self.config.layer_config)
         model_type = fields.pop("model_type")
         fields.pop("vocab_size", None)
-        config = AutoConfig.for_model(model_type, **fields, vocab_size=self.config.target_vocab_size,
-                                      tie_word_embeddings=self.config.tie_word_embeddings)  # fmt: skip
-        config.num_hidden_layers = exit_layer
-        if hasattr(config, "layer_types"):
-            config.layer_types = ["full_attention"] * exit_layer
+        fields.update(vocab_size=self.config.target_vocab_size, tie_word_embeddings=self.config.tie_word_embeddings)
+        config = decoder_layer_config(model_type, fields, exit_layer, attn_implementation=None, drop_sliding_window=False)
         lm = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
         state = {"model.embed_tokens.weight": self.embed_tokens.weight, "model.norm.weight": self.norm.weight,
                  "lm_head.weight": self.lm_head.weight}  # fmt: skip
@@ -542,7 +532,7 @@ class SortedDraftingSession:
     @torch.no_grad()
     def propose(self, features, next_tokens: torch.Tensor) -> DraftTree:
         """Commit ``next_tokens`` (the last is the new root) and draft a chain of ``depth`` tokens."""
-        begin = time.perf_counter()
+        begin = timing.clock(self.drafter.device)
         tokens = next_tokens.to(self.first_token.device).view(-1)
         if not self.started:
             tokens = torch.cat([self.first_token, tokens])
@@ -572,7 +562,7 @@ class SortedDraftingSession:
         finally:
             self._rollback(self.committed)
             self.last_exits = exits
-            self.forward_seconds += time.perf_counter() - begin
+            self.forward_seconds += timing.clock(self.drafter.device) - begin
         draft_tokens = torch.cat(drafts) if drafts else root.new_empty(0)
         tree = DraftTree.chain(root, draft_tokens)
         if self.do_sample and drafts:
@@ -651,10 +641,10 @@ def search_thresholds(
             seconds = 0.0
             counts = [0] * num_exits
             for prompt in prompts:
-                start = time.perf_counter()
+                start = timing.clock(drafter.device)
                 target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens,
                                 **generate_kwargs)  # fmt: skip
-                seconds += time.perf_counter() - start
+                seconds += timing.clock(drafter.device) - start
                 session = drafter.last_drafting_session
                 stats = drafter.last_generation_stats
                 tokens += stats.new_tokens

@@ -1,5 +1,6 @@
 """Load drafters published in other formats: EAGLE-1 / EAGLE-2 / HASS checkpoints become an
-:class:`~hf_spec.EagleDrafter` in memory (``save_pretrained`` then writes hf-spec's format).
+:class:`~hf_spec.EagleDrafter`, EAGLE-3 and vLLM speculators ``eagle3`` checkpoints an
+:class:`~hf_spec.Eagle3Drafter`, in memory (``save_pretrained`` then writes hf-spec's format).
 
 The EAGLE-1/2/HASS layout (read from SafeAILab/EAGLE ``eagle/model/cnets1.py`` + ``ea_model.py``
 and HArmonizedSS/HASS ``model/cnets.py``):
@@ -13,6 +14,19 @@ and HArmonizedSS/HASS ``model/cnets.py``):
 - forward: ``fc(cat[embed(token), feature])`` -> decoder layers (layer 0 without input norm, head
   dim = hidden / heads) -> the target's LM head, no final norm. That is hf-spec's EagleDrafter, so
   the weight names map one to one; the layer family is Qwen2's when q/k/v carry biases, else Llama's.
+
+The EAGLE-3 layout (SafeAILab/EAGLE ``eagle/model/cnets.py``): a Llama ``config.json`` (one layer) with
+``draft_vocab_size``; ``fc.weight [H, 3H]`` over the target's hidden states at layers (2, L//2, L-3),
+``midlayer.self_attn.{q,k,v}_proj.weight [., 2H]``, ``midlayer.self_attn.o_proj``, ``midlayer.mlp.*``,
+``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``, ``norm.weight``, own
+``lm_head.weight [D, H]``, ``d2t [D]`` (int64) and ``t2d [V]`` (bool); ``midlayer.`` becomes ``layers.0.``.
+
+The speculators ``eagle3`` layout (vllm-project/speculators ``models/eagle3``): ``config.json`` with
+``speculators_model_type: "eagle3"``, ``transformer_layer_config`` (the layer's Llama config),
+``draft_vocab_size``, ``norm_before_residual`` (absent: true, as vLLM reads it),
+``eagle_aux_hidden_state_layer_ids`` (absent: EAGLE-3's default), ``speculators_config.verifier``; tensors
+``fc.weight``, ``layers.0.*`` (the same layer, ``hidden_norm`` included), ``norm.weight``, ``lm_head.weight``,
+``d2t``, ``t2d``, and optional ``embed_tokens``/``verifier_*`` copies of the target's (ignored).
 
 ``embed_tokens`` is ignored: hf-spec borrows the target's embedding at bind time (EAGLE loads the
 same frozen matrix from the target). The EAGLE config does not name its target reliably, so the
@@ -28,16 +42,24 @@ from pathlib import Path
 
 import torch
 
+from .. import compat
+
 HF_SPEC = "hf_spec"
 EAGLE = "eagle"
+EAGLE3 = "eagle3"
+SPECULATORS_EAGLE3 = "speculators_eagle3"
 SUPPORTED_LAYOUTS = {
     HF_SPEC: "hf-spec checkpoint (config.json with model_type hf_spec_*, model.safetensors)",
     EAGLE: "EAGLE-1 / EAGLE-2 / HASS (Llama config.json with num_hidden_layers 1; fc.weight [H, 2H] and "
     "layers.0.* in pytorch_model.bin or model.safetensors)",
+    EAGLE3: "EAGLE-3 (midlayer.*, fc.weight [H, 3H], lm_head, d2t/t2d)",
+    SPECULATORS_EAGLE3: "vLLM speculators eagle3 (config.json speculators_model_type 'eagle3'; fc, layers.0.*, norm, "
+    "lm_head, d2t/t2d)",
 }
-NOT_YET_SUPPORTED = "EAGLE-3 (midlayer.*, d2t/t2d, fc [H, 3H]) and vLLM speculators (speculators_model_type)"
+NOT_YET_SUPPORTED = "vLLM speculators 'eagle' (fusion_fc.*, transformer.*) and other speculators types"
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _IGNORED_EAGLE_KEYS = ("embed_tokens.weight",)
+_IGNORED_EAGLE3_PREFIXES = ("embed_tokens.", "verifier_")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download")
 
 
@@ -96,7 +118,8 @@ def _load_weights(weight_file: Path) -> dict[str, torch.Tensor]:
 
 
 def detect_layout(path: str | os.PathLike) -> str:
-    """The layout of a local checkpoint directory: ``"hf_spec"`` or ``"eagle"`` (EAGLE-1/2, HASS);
+    """The layout of a local checkpoint directory: ``"hf_spec"``, ``"eagle"`` (EAGLE-1/2, HASS), ``"eagle3"``
+    or ``"speculators_eagle3"``;
     :class:`UnsupportedLayoutError` listing what was found and the supported layouts otherwise."""
     path = Path(path)
     if not path.is_dir():
@@ -106,10 +129,12 @@ def detect_layout(path: str | os.PathLike) -> str:
     if model_type.startswith("hf_spec_"):
         return HF_SPEC
     if "speculators_model_type" in config:
+        if config["speculators_model_type"] == "eagle3":
+            return SPECULATORS_EAGLE3
         raise _unsupported(path, f"a speculators {config['speculators_model_type']!r} checkpoint")
     names = _weight_names(_weight_file(path))
-    if any(n.startswith("midlayer.") for n in names) or "d2t" in names or "draft_vocab_size" in config:
-        raise _unsupported(path, "an EAGLE-3 checkpoint")
+    if any(n.startswith("midlayer.") for n in names) and "fc.weight" in names:
+        return EAGLE3
     is_llama = model_type == "llama" or "LlamaForCausalLM" in (config.get("architectures") or [])
     if is_llama and "fc.weight" in names and any(n.startswith("layers.0.") for n in names):
         return EAGLE
@@ -122,7 +147,7 @@ def _target_config(target, target_config):
         return target.config
     if target_config is None:
         raise ValueError(
-            "EAGLE/HASS checkpoints do not name their target's architecture reliably, so hf-spec needs the target. "
+            "EAGLE/HASS/EAGLE-3 checkpoints do not name their target's architecture reliably, so hf-spec needs the target. "
             "Fix: pass target=<the loaded target model> or target_config=AutoConfig.from_pretrained(<target name>)."
         )
     if isinstance(target_config, (str, os.PathLike)):
@@ -181,7 +206,7 @@ def convert_eagle(
     if hidden != text_config.hidden_size:
         raise ValueError(
             f"The EAGLE drafter at {str(path)!r} has hidden size {hidden} but the given target "
-            f"({getattr(tconfig, '_name_or_path', '') or text_config.model_type}) has {text_config.hidden_size}. "
+            f"({compat.model_name_or_path(tconfig) or text_config.model_type}) has {text_config.hidden_size}. "
             "Fix: pass the target model (or its config) that this drafter was trained for."
         )
     eagle_vocab = eagle_config.get("vocab_size")
@@ -197,12 +222,6 @@ def convert_eagle(
     qkv_bias = "layers.0.self_attn.q_proj.bias" in weights
     if "fc.bias" not in weights:  # bias: false checkpoints (HASS on LLaMA-3): an all-zero bias is the same map
         weights["fc.bias"] = torch.zeros(hidden, dtype=weights["fc.weight"].dtype)
-    if dtype == "auto":
-        floats = {t.dtype for t in weights.values() if t.is_floating_point()}
-        dtype = floats.pop() if len(floats) == 1 else None
-    elif isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-
     config = EagleDrafterConfig(
         num_layers=num_layers,
         layer_config=eagle_layer_config(eagle_config, qkv_bias),
@@ -211,19 +230,118 @@ def convert_eagle(
         **EagleDrafterConfig.target_fields(tconfig, name_or_path),
         **config_kwargs,
     )
-    drafter = EagleDrafter(config)
+    return _load_converted(EagleDrafter(config), weights, "EAGLE", path, dtype, target)
+
+
+def _load_converted(drafter, weights: dict, what: str, path: Path, dtype, target):
+    """Load ``weights`` strictly into a freshly built ``drafter`` (names and shapes checked, a clear error
+    otherwise), cast to ``dtype`` (``"auto"``: the checkpoint's floating dtype), eval mode, bound to ``target``."""
+    if dtype == "auto":
+        floats = {t.dtype for t in weights.values() if t.is_floating_point()}
+        dtype = floats.pop() if len(floats) == 1 else None
+    elif isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
     expected = drafter.state_dict()
     problems = [f"missing {k}" for k in sorted(set(expected) - set(weights))]
     problems += [f"unexpected {k}" for k in sorted(set(weights) - set(expected))]
     problems += [f"{k}: shape {tuple(v.shape)} != {tuple(expected[k].shape)}" for k, v in weights.items()
                  if k in expected and v.shape != expected[k].shape]  # fmt: skip
     if problems:
-        raise ValueError(f"The EAGLE checkpoint at {str(path)!r} does not match its config.json: " + "; ".join(problems[:10])
-                         + ". Fix: check that config.json belongs to these weights (EAGLE-3 checkpoints are not yet supported).")  # fmt: skip
+        raise ValueError(f"The {what} checkpoint at {str(path)!r} does not match its config.json: " + "; ".join(problems[:10])
+                         + ". Fix: check that config.json belongs to these weights.")  # fmt: skip
     drafter.load_state_dict(weights, strict=True)
     if dtype is not None:
         drafter.to(dtype)
     drafter.eval()
+    return drafter.bind(target) if target is not None else drafter
+
+
+def convert_eagle3(
+    path: str | os.PathLike,
+    target=None,
+    target_config=None,
+    *,
+    dtype: torch.dtype | str | None = "auto",
+    training_method: str | None = None,
+    name_or_path: str | None = None,
+    source: str | None = None,
+    **config_kwargs,
+):
+    """An :class:`~hf_spec.Eagle3Drafter` from an EAGLE-3 or speculators ``eagle3`` checkpoint directory;
+    arguments as :func:`convert_eagle`."""
+    from ..drafters.eagle3 import Eagle3Drafter, Eagle3DrafterConfig
+
+    path = Path(path)
+    layout = detect_layout(path)
+    if layout not in (EAGLE3, SPECULATORS_EAGLE3):
+        raise ValueError(f"{str(path)!r} is a {layout!r} checkpoint, not an EAGLE-3 one. Fix: use AutoDrafter.from_pretrained.")
+    config = _read_config(path)
+    tconfig = _target_config(target, target_config)
+    text_config = tconfig.get_text_config()
+    if layout == SPECULATORS_EAGLE3:
+        layer = dict(config.get("transformer_layer_config") or {})
+        if layer.get("model_type", "llama") != "llama":
+            raise ValueError(f"The speculators checkpoint at {str(path)!r} has a {layer['model_type']!r} decoder layer; "
+                             "hf-spec's Eagle3Drafter converts Llama layers only. Fix: use a Llama-layer EAGLE-3 drafter.")  # fmt: skip
+        if config.get("norm_before_fc") or int(layer.get("num_hidden_layers", 1)) != 1:
+            raise ValueError(f"The speculators checkpoint at {str(path)!r} uses norm_before_fc or several decoder layers, "
+                             "which Eagle3Drafter does not have. Fix: use a one-layer EAGLE-3 drafter.")  # fmt: skip
+        layer_ids = config.get("eagle_aux_hidden_state_layer_ids")
+        norm_before_residual = config.get("norm_before_residual", True)  # vLLM's default when absent
+        prefix = "layers.0."
+    else:
+        layer, layer_ids, norm_before_residual, prefix = config, None, False, "midlayer."
+    hidden = int(layer.get("hidden_size", 0))
+    if hidden != text_config.hidden_size or int(config.get("target_hidden_size") or hidden) != hidden:
+        raise ValueError(
+            f"The EAGLE-3 drafter at {str(path)!r} has hidden size {hidden} but the given target "
+            f"({getattr(tconfig, '_name_or_path', '') or text_config.model_type}) has {text_config.hidden_size} "
+            "(hf-spec borrows the target's embedding, so they must match). Fix: pass the target model (or its "
+            "config) that this drafter was trained for."
+        )
+
+    weights = _load_weights(_weight_file(path))
+    ignored = sorted(k for k in weights if k.startswith(_IGNORED_EAGLE3_PREFIXES) or k.endswith("rotary_emb.inv_freq"))
+    weights = {("layers.0." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in weights.items()
+               if k not in ignored}  # fmt: skip
+    draft_size = weights["lm_head.weight"].shape[0] if "lm_head.weight" in weights else None
+    if "d2t" not in weights and draft_size != text_config.vocab_size:
+        raise ValueError(f"The EAGLE-3 checkpoint at {str(path)!r} has no d2t/t2d map but a {draft_size}-row head for a "
+                         f"{text_config.vocab_size}-token target. Fix: add the checkpoint's d2t and t2d tensors.")  # fmt: skip
+    if "t2d" in weights:
+        weights["t2d"] = weights["t2d"].bool()
+    drafter_config = Eagle3DrafterConfig.for_target(
+        tconfig,
+        name_or_path,
+        layer_config=eagle_layer_config({k: v for k, v in layer.items() if k != "draft_vocab_size"}, qkv_bias=False),
+        eagle_aux_hidden_state_layer_ids=layer_ids,
+        norm_before_residual=norm_before_residual,
+        fc_bias="fc.bias" in weights,
+        draft_vocab_size=draft_size if "d2t" in weights else None,
+        training_method=training_method,
+        converted_from={"format": layout, "source": source or str(path), "ignored_weights": ignored},
+        **config_kwargs,
+    )
+    return _load_converted(Eagle3Drafter(drafter_config), weights, "EAGLE-3", path, dtype, target)
+
+
+CONVERTERS = {EAGLE: ("EagleDrafter", convert_eagle), EAGLE3: ("Eagle3Drafter", convert_eagle3),
+              SPECULATORS_EAGLE3: ("Eagle3Drafter", convert_eagle3)}  # fmt: skip
+"""layout -> (the hf-spec family class it converts to, converter)."""
+
+
+def family_from_pretrained(parent, cls, name_or_path, model_args, target, target_config, kwargs):
+    """A family class's ``from_pretrained``: external layouts converted (to ``cls`` only), hf-spec
+    checkpoints through ``parent.from_pretrained`` (transformers'); bound to ``target`` when given."""
+    hub_kwargs = split_hub_kwargs(kwargs)
+    layout, path = resolve(name_or_path, **hub_kwargs)
+    if layout in CONVERTERS:
+        family, converter = CONVERTERS[layout]
+        if cls.__name__ != family:
+            raise ValueError(f"{name_or_path!r} is a {layout} checkpoint, which converts to {family}, not "
+                             f"{cls.__name__}. Fix: load it with {family} or AutoDrafter.")  # fmt: skip
+        return converter(path, target, target_config, source=str(name_or_path), **kwargs)
+    drafter = parent.from_pretrained(name_or_path, *model_args, **hub_kwargs, **kwargs)
     return drafter.bind(target) if target is not None else drafter
 
 
@@ -250,7 +368,8 @@ def resolve(name_or_path: str | os.PathLike, **hub_kwargs) -> tuple[str, Path | 
 
 class AutoDrafter:
     """Loads any drafter hf-spec understands: its own checkpoints through ``AutoModel``, EAGLE-1/2 and
-    HASS checkpoints converted to :class:`~hf_spec.EagleDrafter` (see :mod:`hf_spec.hub.convert`)."""
+    HASS checkpoints converted to :class:`~hf_spec.EagleDrafter`, EAGLE-3 and speculators ``eagle3``
+    ones to :class:`~hf_spec.Eagle3Drafter` (see :mod:`hf_spec.hub.convert`)."""
 
     def __init__(self):
         raise TypeError("AutoDrafter is not instantiated; use AutoDrafter.from_pretrained(path, target=...).")
@@ -267,8 +386,8 @@ class AutoDrafter:
         """
         hub_kwargs = split_hub_kwargs(kwargs)
         layout, path = resolve(name_or_path, **hub_kwargs)
-        if layout == EAGLE:
-            return convert_eagle(path, target, target_config, source=str(name_or_path), **kwargs)
+        if layout in CONVERTERS:
+            return CONVERTERS[layout][1](path, target, target_config, source=str(name_or_path), **kwargs)
         from transformers import AutoModel
 
         import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)

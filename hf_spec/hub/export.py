@@ -58,16 +58,11 @@ def speculators_name(name: str) -> str:
 
 def transformer_layer_config(config: dict):
     """The transformers config of the drafter's decoder layer, as speculators builds it (one layer)."""
-    from transformers import AutoConfig
+    from ..drafters.layer_config import decoder_layer_config
 
     fields = dict(config.get("layer_config") or {})
     model_type = fields.pop("model_type", config.get("target_model_type"))
-    layer_config = AutoConfig.for_model(model_type, **fields)
-    layer_config.num_hidden_layers = 1
-    if hasattr(layer_config, "layer_types"):
-        layer_config.layer_types = ["full_attention"]
-    if getattr(layer_config, "sliding_window", None) is not None and model_type == "mistral":
-        layer_config.sliding_window = None
+    layer_config = decoder_layer_config(model_type, fields, 1, attn_implementation=None)
     layer_config.vocab_size = config["target_vocab_size"]
     layer_config.hidden_size = config["target_hidden_size"]
     return layer_config

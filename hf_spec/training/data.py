@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .. import compat
+
 FEATURE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _META_FILE = "hf_spec_features.json"
 
@@ -237,7 +239,7 @@ def build_feature_cache(
         flush=True,
     )
     meta = {"storage": storage, "hidden_size": hidden, "max_length": max_length, "num_examples": len(examples),
-            "num_tokens": num_tokens, "target": getattr(target.config, "_name_or_path", None)}  # fmt: skip
+            "num_tokens": num_tokens, "target": compat.model_name_or_path(target.config)}  # fmt: skip
     schema = _features_schema(hidden, storage)
     device = target.device
     num_shards = math.ceil(len(examples) / shard_examples)
@@ -388,15 +390,9 @@ def _plain_generate(target, batch, max_new_tokens, pad_id):
 # ---------------------------------------------------------------------------------------------
 def load_target(name_or_path: str, dtype: torch.dtype = torch.float32):
     """(frozen target in eval mode, tokenizer) from a local directory or a packaged name."""
-    if os.path.isdir(name_or_path):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    from ..resources import load_model
 
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    else:
-        from ..resources import load_packaged_model
-
-        model, tokenizer = load_packaged_model(name_or_path, dtype=dtype)
+    model, tokenizer = load_model(name_or_path, dtype=dtype)
     model.requires_grad_(False)
     return model.eval(), tokenizer
 

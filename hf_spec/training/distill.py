@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .. import compat
+
 from .data import _META_FILE, _features_schema, _to_storage, stop_token_ids
 
 DISTILL_LOG = "distill_log.jsonl"
@@ -194,7 +196,7 @@ def write_cache_meta(output_dir: str, target, storage: str, max_new_tokens: int,
     config = target.config if hasattr(target, "config") else target
     meta = {"storage": storage, "hidden_size": config.get_text_config().hidden_size,
             "max_length": max_prompt_tokens + max_new_tokens, **totals,
-            "target": getattr(config, "_name_or_path", None), "source": "distill_features",
+            "target": compat.model_name_or_path(config), "source": "distill_features",
             "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens}  # fmt: skip
     Path(output_dir, _META_FILE).write_text(json.dumps(meta, indent=1))
     return meta

@@ -1,0 +1,219 @@
+"""EAGLE-3 drafter: multi-layer feature fusion and its own draft head (Li et al., 2025).
+
+The target's hidden states at three layers (default ``(2, L//2, L-3)``: the *inputs* of those
+decoder layers, HF ``hidden_states[i]``) are concatenated and fused by ``fc`` (3H -> H, no
+bias) into h. One decoder layer reads ``cat[input_layernorm(embed(x_{t+1})), hidden_norm(h)]``
+(2H) in q/k/v and h in its residual; its output (pre-norm) is the drafter's hidden state,
+fed back as h at the next tree depth (no fc for the drafter's own states). The draft
+distribution is the drafter's OWN ``lm_head(norm(hidden))`` over the draft vocabulary
+(``d2t``/``t2d``, :mod:`hf_spec.draft_vocab`). The token embedding is borrowed from the target
+at bind time, like the other families. Drafting reuses :class:`~hf_spec.drafters.eagle.EagleDraftingSession`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, PretrainedConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from .. import draft_vocab
+from ..tree.dynamic import TreeShape
+from .base import SpecDrafterModel
+from .eagle import EagleDrafterConfig, EagleDrafterOutput, EagleDraftingSession, positions_and_mask
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's fused layers ``(2, L//2, L-3)`` of an ``L``-layer target; ValueError when they collide."""
+    ids = [2, num_layers // 2, num_layers - 3]
+    if len(set(ids)) != 3 or min(ids) < 0:
+        raise ValueError(
+            f"EAGLE-3's default fused layers (2, L//2, L-3) = {tuple(ids)} collide for a target with {num_layers} "
+            "layers (it needs at least 7). Fix: pass eagle_aux_hidden_state_layer_ids=[...] (distinct layer ids "
+            f"below {num_layers})."
+        )
+    return ids
+
+
+class Eagle3DrafterConfig(EagleDrafterConfig):
+    """Config of :class:`Eagle3Drafter` (the fields of :class:`EagleDrafterConfig`, ``num_layers`` 1).
+
+    Args:
+        eagle_aux_hidden_state_layer_ids: the target layers whose inputs (HF ``hidden_states[i]``)
+            are fused, at least two distinct ids, kept sorted (the order EAGLE-3 and vLLM concatenate
+            them in). Default: ``(2, L//2, L-3)`` of the target.
+        norm_before_residual: the residual of the attention block is ``hidden_norm(h)`` instead of h
+            (a speculators option; EAGLE-3's own checkpoints: False).
+        target_num_layers: the target's decoder layer count (checked at bind time).
+        fc_bias: ``fc`` has a bias (early speculators checkpoints; EAGLE-3: no).
+    """
+
+    model_type = "hf_spec_eagle3"
+    default_training_method = "eagle3"
+
+    def __init__(self, eagle_aux_hidden_state_layer_ids: list[int] | None = None, norm_before_residual: bool = False,
+                 target_num_layers: int | None = None, fc_bias: bool = False, **kwargs):  # fmt: skip
+        super().__init__(**kwargs)
+        self.fc_bias = bool(fc_bias)
+        if self.num_layers != 1:
+            raise ValueError(f"Eagle3Drafter has exactly one decoder layer, got num_layers={self.num_layers}.")
+        if self.router_num_groups:
+            raise ValueError("Eagle3Drafter has its own draft head and no LM-head router. Fix: drop router_num_groups.")
+        ids = eagle_aux_hidden_state_layer_ids
+        if ids is not None:
+            ids = sorted(int(i) for i in ids)
+            if len(ids) < 2 or len(set(ids)) != len(ids) or ids[0] < 0:
+                raise ValueError(f"eagle_aux_hidden_state_layer_ids must be at least two distinct layer ids >= 0, got {ids}.")
+            if target_num_layers is not None and ids[-1] >= target_num_layers:
+                raise ValueError(f"eagle_aux_hidden_state_layer_ids {ids} must be below the target's {target_num_layers} layers.")
+        self.eagle_aux_hidden_state_layer_ids = ids
+        self.norm_before_residual = bool(norm_before_residual)
+        self.target_num_layers = target_num_layers
+
+    @classmethod
+    def for_target(cls, target_config: PretrainedConfig, name_or_path: str | None = None, **kwargs):
+        """A config shaped for ``target_config``, fusing its layers ``(2, L//2, L-3)`` unless ids are given."""
+        num_layers = target_config.get_text_config().num_hidden_layers
+        kwargs["target_num_layers"] = num_layers
+        if kwargs.get("eagle_aux_hidden_state_layer_ids") is None:
+            kwargs["eagle_aux_hidden_state_layer_ids"] = default_aux_layer_ids(num_layers)
+        return super().for_target(target_config, name_or_path, **kwargs)
+
+    def check_target(self, target) -> None:
+        super().check_target(target)
+        num_layers = target.config.get_text_config().num_hidden_layers
+        if self.eagle_aux_hidden_state_layer_ids[-1] >= num_layers:
+            raise ValueError(
+                f"This Eagle3Drafter fuses target layers {self.eagle_aux_hidden_state_layer_ids}, but the target has "
+                f"{num_layers} layers. Fix: load the target it was trained for."
+            )
+
+    def decoder_layer_config(self) -> LlamaConfig:
+        """EAGLE-3's layer is Llama's whatever the target family (no q/k/v or MLP biases)."""
+        fields = {k: v for k, v in self.layer_config.items() if k != "model_type"}
+        config = LlamaConfig(**{**fields, "attention_bias": False, "mlp_bias": False, "num_hidden_layers": 1})
+        config.layer_types = ["full_attention"]
+        config._attn_implementation = "sdpa"
+        return config
+
+
+class Eagle3DecoderLayer(LlamaDecoderLayer):
+    """transformers' Llama decoder layer whose q/k/v read 2H: ``cat[input_layernorm(embeds), hidden_norm(h)]``."""
+
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool = False):
+        super().__init__(config, layer_idx=0)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            out_features = getattr(self.self_attn, name).out_features
+            setattr(self.self_attn, name, nn.Linear(2 * config.hidden_size, out_features, bias=False))
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def forward(self, hidden_states: torch.Tensor, input_embeds: torch.Tensor, **attention_kwargs) -> torch.Tensor:
+        normed = self.hidden_norm(hidden_states)
+        residual = normed if self.norm_before_residual else hidden_states
+        attn_input = torch.cat([self.input_layernorm(input_embeds), normed], dim=-1)
+        hidden_states = residual + self.self_attn(hidden_states=attn_input, **attention_kwargs)[0]
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class Eagle3Drafter(SpecDrafterModel):
+    """EAGLE-3 drafter: ``fc`` over the target's fused layers -> one 2H-input decoder layer -> own
+    ``norm`` + ``lm_head`` over the draft vocabulary (``d2t``/``t2d``; the full vocabulary without one)."""
+
+    config_class = Eagle3DrafterConfig
+
+    def __init__(self, config: Eagle3DrafterConfig):
+        super().__init__(config)
+        if config.eagle_aux_hidden_state_layer_ids is None:
+            raise ValueError("Eagle3DrafterConfig needs eagle_aux_hidden_state_layer_ids. Fix: build it with for_target().")
+        layer_config = config.decoder_layer_config()
+        hidden = config.target_hidden_size
+        self.fc = nn.Linear(len(config.eagle_aux_hidden_state_layer_ids) * hidden, hidden, bias=config.fc_bias)
+        self.layers = nn.ModuleList([Eagle3DecoderLayer(layer_config, config.norm_before_residual)])
+        self.norm = LlamaRMSNorm(hidden, eps=layer_config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, config.draft_vocab_size or config.target_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config=layer_config)
+        self.router = None  # the drafting session's CORAL switch: none here
+        self.post_init()
+
+    # hf-spec:hub-begin -- EAGLE-3/speculators conversion needs hf_spec itself; left out of the remote code.
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, target=None, target_config=None, **kwargs):
+        """transformers' ``from_pretrained`` for hf-spec checkpoints; EAGLE-3 and speculators ``eagle3``
+        checkpoints are converted (:func:`hf_spec.hub.convert.convert_eagle3`, which needs ``target`` or
+        ``target_config``). With ``target`` the drafter comes back bound to it."""
+        from ..hub.convert import family_from_pretrained
+
+        return family_from_pretrained(super(), cls, pretrained_model_name_or_path, model_args, target, target_config,
+                                      kwargs)  # fmt: skip
+
+    # hf-spec:hub-end
+
+    def target_feature_layers(self) -> tuple[int, ...]:
+        return tuple(self.config.eagle_aux_hidden_state_layer_ids)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        hidden_states: torch.Tensor,
+        position_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        use_cache: bool = False,
+        output_logits: bool = False,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> EagleDrafterOutput:
+        """One drafter pass; arguments as :meth:`EagleDrafter.forward`, except ``hidden_states``: (b, s, kH)
+        fused target features (go through ``fc``) or (b, s, H) drafter hidden states (used as they are).
+        ``last_hidden_state`` is pre-norm; ``logits`` are over the draft vocabulary (b, s, D)."""
+        dtype = self.fc.weight.dtype
+        embeds = (self.embed(input_ids) if inputs_embeds is None else inputs_embeds).to(dtype)
+        h = hidden_states.to(dtype)
+        if h.shape[-1] == self.fc.in_features:
+            h = self.fc(h)
+        position_ids, attention_mask = positions_and_mask(h, position_ids, attention_mask, past_key_values)
+        h = self.layers[0](
+            h,
+            embeds,
+            attention_mask=attention_mask.to(dtype),
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            position_embeddings=self.rotary_emb(h, position_ids),
+        )
+        return EagleDrafterOutput(last_hidden_state=h, logits=self.draft_logits(h) if output_logits else None,
+                                  past_key_values=past_key_values)  # fmt: skip
+
+    def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The drafter's own head: ``lm_head(norm(hidden))`` (..., D) (D = V without a draft vocabulary)."""
+        return self.lm_head(self.norm(hidden_states))
+
+    def draft_log_probs(self, hidden: torch.Tensor, temperature: float = 1.0, use_router: bool = False) -> torch.Tensor:
+        """Float32 draft log-probabilities (R, V) of drafter hidden states (R, H); -inf outside the draft vocabulary."""
+        if use_router:
+            raise ValueError("Eagle3Drafter has no LM-head router. Fix: drop use_router.")
+        logq = torch.log_softmax(self.draft_logits(hidden).float() / temperature, dim=-1)
+        if not self.has_draft_vocab:
+            return logq
+        return draft_vocab.scatter_to_vocab(logq, self.draft_ids, self.config.target_vocab_size)
+
+    def set_draft_vocab(self, counts_or_ids, size: int | None = None):
+        """As :meth:`SpecDrafterModel.set_draft_vocab`; the own head keeps its rows at the new ids, which must
+        lie in the current vocabulary."""
+        ids = draft_vocab.draft_ids_from(counts_or_ids, size, self.config.target_vocab_size).to(self.lm_head.weight.device)
+        current = self.draft_ids if self.has_draft_vocab else torch.arange(self.config.target_vocab_size, device=ids.device)
+        rows = torch.searchsorted(current, ids).clamp(max=current.numel() - 1)
+        if not torch.equal(current[rows], ids):
+            raise ValueError("The new draft vocabulary must be a subset of the current one (the head has no rows for "
+                             "other ids). Fix: build a fresh drafter with from_target() and set it there.")  # fmt: skip
+        self.lm_head.weight = nn.Parameter(self.lm_head.weight.detach()[rows].clone())
+        self.lm_head.out_features = ids.numel()
+        super().set_draft_vocab(ids.cpu(), None)
+        return self
+
+    def clear_draft_vocab(self):
+        raise ValueError("An Eagle3Drafter's own head covers only its draft vocabulary. Fix: build a fresh drafter "
+                         "with from_target() for the full vocabulary.")  # fmt: skip
+
+    def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
+        return EagleDraftingSession(self, shape, do_sample, temperature, prompt_ids)

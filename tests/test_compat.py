@@ -1,0 +1,184 @@
+"""One test per transformers internal that hf_spec.compat touches (see its module docstring).
+
+Each exercises the real attribute on a tiny real model or cache, not a mock, and fails with a
+message naming the transformers attribute, so a transformers upgrade that changes one is caught
+here first (and fixed in hf_spec/compat.py only).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache, LogitsProcessorList
+from transformers.generation.logits_process import (
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+)
+
+import hf_spec
+from conftest import make_target, plain_generate, random_prompt
+from hf_spec import compat, timing
+
+
+def _filled_cache(length: int = 10):
+    target = make_target("llama")
+    cache = DynamicCache()
+    with torch.no_grad():
+        target(input_ids=random_prompt(length), past_key_values=cache, use_cache=True)
+    return target, cache
+
+
+def test_dynamic_cache_layers_keys_values():
+    _, cache = _filled_cache(10)
+    assert hasattr(cache, "layers"), "transformers changed DynamicCache: no `.layers` (compat.cache_layers_kv)"
+    found = list(compat.cache_layers_kv(cache))
+    assert len(found) == 2, "DynamicCache.layers[i].keys/.values/.is_initialized changed (compat.cache_layers_kv)"
+    for layer, keys, values in found:
+        assert keys.shape[-2] == 10 and values.shape[-2] == 10, (
+            "DynamicCache.layers[i].keys/.values are no longer (batch, heads, positions, head_dim)"
+        )
+        compat.set_layer_kv(layer, keys[..., :7, :], values[..., :7, :])
+    assert cache.get_seq_length() == 7, (
+        "Reassigning DynamicCache.layers[i].keys/.values no longer changes the cache (compat.set_layer_kv)"
+    )
+
+
+def test_dynamic_cache_crop_negative_count():
+    _, cache = _filled_cache(10)
+    compat.crop_cache(cache, 6)
+    assert cache.get_seq_length() == 6, "DynamicCache.crop(-n) no longer removes n positions (compat.crop_cache)"
+    assert all(k.shape[-2] == 6 for _, k, _ in compat.cache_layers_kv(cache))
+    compat.crop_cache(cache, 8)  # longer than the cache: nothing to do
+    assert cache.get_seq_length() == 6
+
+
+def test_crop_cache_layers_crops_only_the_given_layers():
+    _, cache = _filled_cache(10)
+    compat.crop_cache_layers(cache, [1, 5], 4)  # layer 5 does not exist: skipped
+    lengths = [k.shape[-2] for _, k, _ in compat.cache_layers_kv(cache)]
+    assert lengths == [10, 4], f"DynamicCache.layers[i] per-layer crop changed (compat.crop_cache_layers): {lengths}"
+
+
+def test_attn_implementation_is_read_and_set_on_the_config():
+    target = make_target("llama")
+    implementation = compat.attn_implementation(target.config)
+    assert implementation in ("sdpa", "eager"), (
+        f"config._attn_implementation of a default tiny model is {implementation!r} (compat.attn_implementation)"
+    )
+    prompt = random_prompt()
+    with torch.no_grad():
+        before = target(prompt).logits
+        compat.set_attn_implementation(target.config, "eager")
+        assert target.model.layers[0].self_attn.config._attn_implementation == "eager", (
+            "Setting config._attn_implementation no longer reaches the attention layers (compat.set_attn_implementation)"
+        )
+        after = target(prompt).logits
+    torch.testing.assert_close(before, after, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("implementation", ["flash_attention_2", "flex_attention"])
+def test_tree_mask_incapable_attention_is_rejected_before_any_work(implementation):
+    target = make_target("llama")
+    drafter = hf_spec.EagleDrafter.from_target(target)
+    compat.set_attn_implementation(target.config, implementation)
+    forwards = []
+    hook = target.register_forward_pre_hook(lambda *args: forwards.append(1))
+    try:
+        with pytest.raises(ValueError, match=r'attn_implementation=.*sdpa.*eager') as info:
+            target.generate(random_prompt(), assistant_model=drafter, max_new_tokens=5, do_sample=False)
+    finally:
+        hook.remove()
+    assert implementation in str(info.value)
+    assert not forwards, "the attention check must run before any forward"
+
+
+def test_name_or_path(tmp_path):
+    target = make_target("llama")
+    target.save_pretrained(tmp_path)
+    loaded = type(target).from_pretrained(tmp_path)
+    assert compat.model_name_or_path(loaded.config) == str(tmp_path), (
+        "config._name_or_path no longer holds the path a model was loaded from (compat.model_name_or_path)"
+    )
+    compat.set_model_name_or_path(loaded.config, "packaged-name")
+    assert loaded.config.name_or_path == "packaged-name", (
+        "config._name_or_path is no longer what config.name_or_path reads (compat.set_model_name_or_path)"
+    )
+
+
+def test_custom_generate_hook_and_pad_token_tensor():
+    """``generate(custom_generate=callable)`` calls it with the prepared arguments, and the generation
+    config it passes carries ``_pad_token_tensor`` (compat.pad_token_tensor)."""
+    target = make_target("llama")
+    seen = {}
+
+    def loop(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+        seen.update(model=model, input_ids=input_ids, processors=logits_processor, criteria=stopping_criteria,
+                     pad=compat.pad_token_tensor(generation_config))  # fmt: skip
+        return input_ids
+
+    prompt = random_prompt()
+    out = plain_generate(target, prompt, max_new_tokens=3, do_sample=False, pad_token_id=5, custom_generate=loop)
+    assert seen, "GenerationMixin.generate(custom_generate=callable) no longer calls the callable"
+    assert seen["model"] is target and torch.equal(seen["input_ids"], prompt) and torch.equal(out, prompt)
+    assert isinstance(seen["processors"], LogitsProcessorList), "custom_generate's logits_processor argument changed"
+    assert hasattr(seen["criteria"], "max_length"), "custom_generate's stopping_criteria argument changed"
+    assert isinstance(seen["pad"], torch.Tensor) and int(seen["pad"]) == 5, (
+        "generation_config._pad_token_tensor is no longer prepared by generate() (compat.pad_token_tensor)"
+    )
+
+
+def test_drop_quantizer_lets_a_gguf_loaded_model_save(tmp_path):
+    """A GGUF-loaded model carries a ``GgufHfQuantizer`` as ``model.hf_quantizer`` (and the config a
+    ``quantization_config``), which ``save_pretrained`` refuses; compat.drop_quantizer removes them."""
+    from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING, AUTO_QUANTIZATION_CONFIG_MAPPING
+
+    target = make_target("llama")
+    quant_config = AUTO_QUANTIZATION_CONFIG_MAPPING["gguf"](gguf_file="model.gguf")
+    target.hf_quantizer = AUTO_QUANTIZER_MAPPING["gguf"](quant_config)
+    target.config.quantization_config = quant_config
+    with pytest.raises(ValueError, match="not serializable"):  # else save_pretrained no longer reads hf_quantizer
+        target.save_pretrained(tmp_path / "refused")
+    compat.drop_quantizer(target)
+    assert target.hf_quantizer is None and not hasattr(target.config, "quantization_config")
+    target.save_pretrained(tmp_path / "saved")
+    assert (tmp_path / "saved" / "config.json").is_file()
+
+
+def test_row_logits_processor_reindexes_per_row_state():
+    penalty = RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=torch.tensor([2, 3]))
+    calls = []
+    prefix = PrefixConstrainedLogitsProcessor(lambda batch_id, sent: calls.append(batch_id) or [1, 2], num_beams=1)
+    assert hasattr(prefix, "_prefix_allowed_tokens_fn"), (
+        "PrefixConstrainedLogitsProcessor._prefix_allowed_tokens_fn is gone (compat.row_logits_processor)"
+    )
+    assert isinstance(penalty.prompt_ignore_length, torch.Tensor), (
+        "RepetitionPenaltyLogitsProcessor.prompt_ignore_length no longer keeps the per-row tensor"
+    )
+    row = compat.row_logits_processor(LogitsProcessorList([penalty, prefix]), 1)
+    assert row[0].prompt_ignore_length == 3 and torch.equal(penalty.prompt_ignore_length, torch.tensor([2, 3]))
+    scores = row(torch.tensor([[4, 5, 6, 7]]), torch.zeros(1, 10))
+    assert calls == [1], f"PrefixConstrainedLogitsProcessor no longer calls its function per batch id: {calls}"
+    assert torch.isinf(scores[0, 3:]).all() and not torch.isinf(scores[0, 1:3]).any()
+
+
+def test_clock_synchronizes_only_on_cuda(monkeypatch):
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    timing.clock(torch.device("cpu"))
+    timing.clock(None)
+    assert synced == []
+    timing.clock(torch.device("cuda", 0))
+    assert synced == [torch.device("cuda", 0)]
+
+
+@pytest.mark.cuda
+def test_greedy_equality_on_cuda():
+    target = make_target("llama").to("cuda")
+    drafter = hf_spec.EagleDrafter.from_target(target).to("cuda")
+    prompt = random_prompt().to("cuda")
+    expected = plain_generate(target, prompt, max_new_tokens=32, do_sample=False)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=32, do_sample=False,
+                          tree_depth=4, tree_top_k=4, tree_total_tokens=16)  # fmt: skip
+    assert torch.equal(out, expected)
+    stats = drafter.last_generation_stats
+    assert 0 < stats.target_forward_seconds <= stats.total_seconds
