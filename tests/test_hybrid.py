@@ -78,6 +78,26 @@ def test_trained_drafter_with_ngram_branches_matches_plain(monkeypatch):
     assert drafter.last_generation_stats.accepted_from_drafter > 0
 
 
+def test_ngram_branches_reach_below_a_shallow_drafter_tree(monkeypatch):
+    """ngram_depth: n-gram nodes may be deeper than the drafter's own tree; still greedy == plain."""
+    target = make_target("llama")
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=6, ngram_depth=6)
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    trees = capture_trees(monkeypatch)
+    shallow = dict(tree_depth=2, tree_top_k=3, tree_total_tokens=4)
+    assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=40, **shallow), expected)
+    deep = drafter.last_generation_stats
+    assert max(int(grafted.depths.max()) for _, grafted in trees) > 2
+    for base, grafted in trees:
+        check_tree(grafted, base, shallow["tree_total_tokens"] + 6)
+    drafter.config.ngram_depth = None  # the tree's depth: the n-gram nodes stop at depth 2
+    assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=40, **shallow), expected)
+    assert deep.tau > drafter.last_generation_stats.tau
+    with pytest.raises(ValueError, match="ngram_depth"):
+        hf_spec.EagleDrafter.from_target(target, ngram_depth=0)
+
+
 def test_config_field_is_the_default_and_the_kwarg_overrides_it():
     target = make_target("llama")
     drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=8)

@@ -1,9 +1,13 @@
-"""Choose HASS's default ``ngram_branches`` (with and without the n-gram datastore) on held-aside prompts.
+"""Choose HASS's default ``ngram_branches`` / ``ngram_depth`` (with and without the n-gram datastore) on
+held-aside prompts.
 
 τ and the verified tree size come from greedy generation on prompts 3..5 of each benchmark set (not the
 reported ones); tokens/s is PREDICTED from this machine's measured costs in benchmarks/tune/hass.json
-(verify cost of the tree size + drafting), so that τ can be measured while other jobs share the cores.
-    python benchmarks/ngram_branches/choose.py runs/train/hass runs/features/smollm2-sharegpt-distill
+(verify cost of the tree size + drafting) and measured by wall clock (2 threads; meaningful only when alone).
+    python benchmarks/ngram_branches/choose.py runs/train/hass runs/features/smollm2-sharegpt-distill [OUT.json] [DEPTHS]
+
+The tree is the drafter folder's tuned shape; tokens/s measured (wall) is reported beside the prediction.
+Rows are (n-gram branches, n-gram depth (None: the tree's), datastore).
 """
 
 import json
@@ -20,15 +24,18 @@ from hf_spec.drafters.eagle import EagleDraftingSession
 from hf_spec.tune import interpolate_cost
 
 drafter_dir, cache = sys.argv[1], sys.argv[2]
+out_name = sys.argv[3] if len(sys.argv) > 3 else "results.json"
+with_depths = len(sys.argv) > 4
 here = Path(__file__).parent
 tune = json.load(open("benchmarks/tune/hass.json"))
 verify_ms = {int(k): v for k, v in tune["verify_ms"].items()}
-torch.set_num_threads(1)
+torch.set_num_threads(2)
 model, tokenizer = hf_spec.load_packaged_model("smollm2-135m-instruct", dtype=torch.bfloat16)
 drafter = hf_spec.EagleDrafter.from_pretrained(drafter_dir, dtype=torch.bfloat16)
 store = datastore_from_feature_cache(cache)
 prompts = bench_prompt_ids(tokenizer, per_set=3, skip=3)
-shape = dict(tree_depth=2, tree_top_k=6, tree_total_tokens=6)
+shape = dict(tree_depth=drafter.config.tree_depth, tree_top_k=drafter.config.tree_top_k,
+             tree_total_tokens=drafter.config.tree_total_tokens)
 sizes = []
 original = EagleDraftingSession.graft_ngram
 
@@ -41,24 +48,30 @@ def graft(self, tree, next_tokens):
 
 EagleDraftingSession.graft_ngram = graft
 rows = []
-for branches, use_store in [(0, False), (8, False), (4, True), (8, True), (12, True), (16, True), (24, True)]:
+variants = [(0, None, False), (8, None, False), (4, None, True), (8, None, True), (12, None, True), (16, None, True)]
+if with_depths:
+    variants = [(8, None, False), (4, None, True), (4, 8, True), (8, 8, True), (12, 8, True), (16, 8, True)]
+for branches, depth, use_store in variants:
     drafter.ngram_datastore = store if use_store else None
+    drafter.config.ngram_depth = depth
     sizes.clear()
     tokens = cycles = 0
-    draft_s = 0.0
+    began = time.perf_counter()
     for ids in prompts:
         out = model.generate(ids, assistant_model=drafter, ngram_branches=branches, max_new_tokens=96, do_sample=False,
                              **shape)
         s = drafter.last_generation_stats
         tokens += out.shape[1] - ids.shape[1]
         cycles += s.cycles
+    wall = time.perf_counter() - began
     tau = tokens / cycles
     mean_size = sum(sizes) / len(sizes)
     ms = interpolate_cost(verify_ms, mean_size) + tune["best"]["predicted"]["draft_ms"]
-    row = {"ngram_branches": branches, "datastore": use_store, "tau": tau, "mean_tree_tokens": mean_size,
-           "predicted_ms_per_cycle": ms, "predicted_tokens_per_s": 1000 * tau / ms}
+    row = {"ngram_branches": branches, "ngram_depth": depth, "datastore": use_store, "tau": tau,
+           "mean_tree_tokens": mean_size, "predicted_ms_per_cycle": ms, "predicted_tokens_per_s": 1000 * tau / ms,
+           "measured_tokens_per_s": tokens / wall}
     rows.append(row)
     print(json.dumps(row), flush=True)
 json.dump({"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "prompts": "3..5 of each set (9), 96 new tokens, bf16, tree d2/k6/t6", "rows": rows},
-          open(here / "results.json", "w"), indent=1)
+           "prompts": f"3..5 of each set (9), 96 new tokens, bf16, tree {shape}", "rows": rows},
+          open(here / out_name, "w"), indent=1)

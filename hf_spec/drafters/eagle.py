@@ -57,6 +57,9 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_branches: up to this many nodes of context n-gram continuations are grafted
             into each drafted tree (:class:`hf_spec.drafters.ngram.NGramBranches`; 0: off).
             ``generate(..., ngram_branches=N)`` overrides it for one call.
+        ngram_depth: deepest grafted n-gram node (None: the drafter tree's depth). N-gram
+            continuations cost no drafter forward, only verification rows, so they may reach
+            deeper than the drafter's own (tuned, often shallow) tree.
     """
 
     model_type = "hf_spec_eagle"
@@ -70,9 +73,13 @@ class EagleDrafterConfig(SpecDrafterConfig):
         router_top_n: int = 2,
         use_router: bool = True,
         ngram_branches: int = 0,
+        ngram_depth: int | None = None,
         **kwargs,
     ):
         self.ngram_branches = check_ngram_branches(ngram_branches)
+        if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
+            raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
+        self.ngram_depth = ngram_depth
         self.num_layers = num_layers
         self.layer_config = layer_config or {}
         self.router_num_groups = router_num_groups
@@ -320,7 +327,8 @@ class EagleDraftingSession:
                 raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
             self._ngram = NGramBranches(self.prompt_ids, datastore=self.drafter.ngram_datastore)
         self._ngram.extend(next_tokens)
-        tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample)
+        tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample,
+                                 depth=getattr(self.drafter.config, "ngram_depth", None))  # fmt: skip
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
 

@@ -334,13 +334,15 @@ class NGramBranches:
         """Index newly committed tokens (one host read)."""
         self.index.extend(next_tokens.tolist())
 
-    def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool) -> DraftTree:
-        """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: depth and branching)."""
+    def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None) -> DraftTree:
+        """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: branching, and depth unless
+        ``depth`` reaches deeper)."""
         if branches <= 0:
             return tree
+        depth = max(shape.depth, depth or 0)
         num_nodes = branches if sample else branches + len(tree) - 1
-        continuations = continuations_with_datastore(self.index, self.datastore, shape.depth, self.max_occurrences)
-        trie = build_trie(continuations, num_nodes, shape.depth, shape.top_k)
+        continuations = continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences)
+        trie = build_trie(continuations, num_nodes, depth, shape.top_k)
         return graft_trie(tree, trie, max_new=None if sample else branches)
 
 
