@@ -19,7 +19,8 @@ import os
 import torch
 from transformers import AutoModel
 
-TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_widths", "ngram_branches", "tree_tuned_for")
+TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_widths", "ngram_branches", "ngram_depth",
+                "tree_tuned_for")
 
 
 def card_results(path: str, method: str) -> dict:
@@ -51,6 +52,8 @@ def main(argv=None):
                         "(ParallelSpec), recorded as the chosen shape")
     parser.add_argument("--ngram-branches", type=int, default=None, help="default n-gram nodes grafted onto the "
                         "drafter's trees (set where the benchmark measured it faster)")
+    parser.add_argument("--ngram-depth", type=int, default=None, help="deepest grafted n-gram node (default: the "
+                        "drafter tree's depth)")
     parser.add_argument("--tree-from", default=None, help="copy the tuned tree shape of this drafter folder (e.g. to "
                         "compare drafters of one architecture at the same shape)")
     parser.add_argument("--ngram-datastore", default=None, help="a training feature cache (its answer tokens: the "
@@ -82,6 +85,8 @@ def main(argv=None):
         drafter.config.tree_tuned_for = {"chosen_by": "publish_drafter.py --tree-widths (see drafters/README.md)"}
     if args.ngram_branches is not None:
         drafter.config.ngram_branches = args.ngram_branches
+    if args.ngram_depth is not None:
+        drafter.config.ngram_depth = args.ngram_depth
     if args.ngram_datastore:
         from hf_spec.drafters.datastore import NGramDatastore, datastore_from_feature_cache
 

@@ -41,7 +41,7 @@ if [[ " $STEPS " == *" publish "* ]]; then
   # same shape, so their τ compare at equal trees. ParallelSpec drafts its own static tree.
   # HASS also ships an n-gram datastore of the cache's answers (the target's own greedy text) for its n-gram branches
   python training_scripts/publish_drafter.py runs/train/hass $D-hass --command "$RECIPE" --ngram-datastore $CACHE \
-    --ngram-branches 4
+    --ngram-branches 4 --ngram-depth 8
   hf-spec tune --target smollm2-135m-instruct --drafter $D-hass --dtype bfloat16 --threads 2 \
     --prompts 3 --skip-prompts 3 --write --output benchmarks/tune/hass.json
   for method in $METHODS; do
@@ -53,7 +53,7 @@ if [[ " $STEPS " == *" publish "* ]]; then
   done
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
-  # hf_spec:$D-hass is the shipped default (4 n-gram branches + datastore, benchmarks/ngram_branches/)
+  # hf_spec:$D-hass is the shipped default (4 n-gram branches up to depth 8 + datastore, benchmarks/ngram_branches/)
   methods="plain prompt_lookup hf_spec:ngram hf_spec:ngram:datastore=$D-hass hf_spec:$D-eagle hf_spec:$D-hass:ngram=0
     hf_spec:$D-hass:ngram=8:no_datastore hf_spec:$D-hass hf_spec:$D-parallelspec hf_spec:$D-coral
     hf_spec:$D-coral:no_router"
@@ -66,10 +66,10 @@ if [[ " $STEPS " == *" bench "* ]]; then
     --threads 2 --methods plain prompt_lookup hf_spec:ngram hf_spec:ngram:datastore=$D-hass hf_spec:$D-hass:ngram=0 \
     hf_spec:$D-hass:ngram=8:no_datastore hf_spec:$D-hass \
     --output-dir $out/code_edit
-  # cards carry the first run's results; HASS ships with 4 n-gram branches and its datastore, chosen on
+  # cards carry the first run's results; HASS ships with 4 n-gram branches (depth 8) and its datastore, chosen on
   # held-aside prompts 3..5 (benchmarks/ngram_branches/)
   for method in $METHODS; do
-    if [ "$method" = hass ]; then extra="--ngram-branches 4 --bench-method hf_spec:$D-hass --ngram-datastore $CACHE"
+    if [ "$method" = hass ]; then extra="--ngram-branches 4 --ngram-depth 8 --bench-method hf_spec:$D-hass --ngram-datastore $CACHE"
     else extra=""; fi
     python training_scripts/publish_drafter.py runs/train/$method $D-$method --bench $out/first3/results.json \
       --command "$RECIPE" $extra
