@@ -74,6 +74,15 @@ def sample_counts(target, prompt, drafter, samples=SAMPLES, **gen_kwargs):
     return counts, sum(taus) / max(len(taus), 1)
 
 
+def sampled_law_p_value(target, prompt, drafter, warp, seed=1234, **tree):
+    """(chi-square p-value of the drafter's sampled next tokens against the exact target law under
+    ``warp``, mean τ): ``SAMPLES`` generations from ``torch.manual_seed(seed)``."""
+    exact = exact_joint(target, prompt, warpers(**warp))
+    torch.manual_seed(seed)
+    counts, tau = sample_counts(target, prompt, drafter, **tree, **warp)
+    return chi_square_pvalue(counts, exact), tau
+
+
 _PAIR = {}
 
 
@@ -101,12 +110,9 @@ CASES = [  # (drafter, tree shape (depth, top_k, total), warper kwargs)
 def test_sampled_distribution_equals_target(kind, shape, warp):
     target, drafter = tiny_pair(kind)
     prompt = random_prompt(length=6, vocab_size=VOCAB, seed=11)
-    exact = exact_joint(target, prompt, warpers(**warp))
-    torch.manual_seed(1234)
     depth, top_k, total = shape
-    counts, tau = sample_counts(target, prompt, drafter, tree_depth=depth, tree_top_k=top_k,
-                                tree_total_tokens=total, **warp)  # fmt: skip
-    p_value = chi_square_pvalue(counts, exact)
+    p_value, tau = sampled_law_p_value(target, prompt, drafter, warp, tree_depth=depth, tree_top_k=top_k,
+                                       tree_total_tokens=total)  # fmt: skip
     assert p_value > P_VALUE_FLOOR, (p_value, tau)
     if kind == "trained":
         assert tau > 1.5  # drafts are really accepted, so the accept path is exercised

@@ -21,6 +21,7 @@ from .. import draft_vocab
 from ..tree.dynamic import TreeShape
 from .base import SpecDrafterModel
 from .eagle import EagleDrafterConfig, EagleDrafterOutput, EagleDraftingSession, positions_and_mask
+from .layer_config import decoder_layer_config
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -91,10 +92,7 @@ class Eagle3DrafterConfig(EagleDrafterConfig):
     def decoder_layer_config(self) -> LlamaConfig:
         """EAGLE-3's layer is Llama's whatever the target family (no q/k/v or MLP biases)."""
         fields = {k: v for k, v in self.layer_config.items() if k != "model_type"}
-        config = LlamaConfig(**{**fields, "attention_bias": False, "mlp_bias": False, "num_hidden_layers": 1})
-        config.layer_types = ["full_attention"]
-        config._attn_implementation = "sdpa"
-        return config
+        return decoder_layer_config("llama", {**fields, "attention_bias": False, "mlp_bias": False}, 1)
 
 
 class Eagle3DecoderLayer(LlamaDecoderLayer):

@@ -173,6 +173,19 @@ def eagle_layer_config(eagle_config: dict, qkv_bias: bool) -> dict:
     return layer_config
 
 
+def _check_hidden_size(what: str, path: Path, hidden: int, tconfig, declared_target: int | None = None,
+                       why: str = "") -> None:
+    """ValueError naming the fix unless the drafter's hidden size (and the target hidden size its config
+    declares, if any) equals the target's."""
+    text_config = tconfig.get_text_config()
+    if hidden != text_config.hidden_size or (declared_target is not None and declared_target != hidden):
+        raise ValueError(
+            f"The {what} drafter at {str(path)!r} has hidden size {hidden} but the given target "
+            f"({compat.model_name_or_path(tconfig) or text_config.model_type}) has {text_config.hidden_size}{why}. "
+            "Fix: pass the target model (or its config) that this drafter was trained for."
+        )
+
+
 def convert_eagle(
     path: str | os.PathLike,
     target=None,
@@ -203,12 +216,7 @@ def convert_eagle(
     tconfig = _target_config(target, target_config)
     text_config = tconfig.get_text_config()
     hidden = int(eagle_config.get("hidden_size", 0))
-    if hidden != text_config.hidden_size:
-        raise ValueError(
-            f"The EAGLE drafter at {str(path)!r} has hidden size {hidden} but the given target "
-            f"({compat.model_name_or_path(tconfig) or text_config.model_type}) has {text_config.hidden_size}. "
-            "Fix: pass the target model (or its config) that this drafter was trained for."
-        )
+    _check_hidden_size("EAGLE", path, hidden, tconfig)
     eagle_vocab = eagle_config.get("vocab_size")
     if eagle_vocab is not None and eagle_vocab != text_config.vocab_size:
         warnings.warn(f"EAGLE config vocab_size {eagle_vocab} != target's {text_config.vocab_size}: the drafter may "
@@ -292,13 +300,8 @@ def convert_eagle3(
     else:
         layer, layer_ids, norm_before_residual, prefix = config, None, False, "midlayer."
     hidden = int(layer.get("hidden_size", 0))
-    if hidden != text_config.hidden_size or int(config.get("target_hidden_size") or hidden) != hidden:
-        raise ValueError(
-            f"The EAGLE-3 drafter at {str(path)!r} has hidden size {hidden} but the given target "
-            f"({getattr(tconfig, '_name_or_path', '') or text_config.model_type}) has {text_config.hidden_size} "
-            "(hf-spec borrows the target's embedding, so they must match). Fix: pass the target model (or its "
-            "config) that this drafter was trained for."
-        )
+    _check_hidden_size("EAGLE-3", path, hidden, tconfig, int(config.get("target_hidden_size") or hidden),
+                       " (hf-spec borrows the target's embedding, so they must match)")  # fmt: skip
 
     weights = _load_weights(_weight_file(path))
     ignored = sorted(k for k in weights if k.startswith(_IGNORED_EAGLE3_PREFIXES) or k.endswith("rotary_emb.inv_freq"))
