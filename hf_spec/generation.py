@@ -63,12 +63,14 @@ class GenerationStats:
     ``accepted_lengths``: drafted tokens accepted in each cycle (each cycle also emits one
     target token); ``accepted_from_ngram``: how many of those were nodes that only n-gram
     grafting drafted (``ngram_branches``), the rest came from the drafter
-    (:attr:`accepted_from_drafter`). Seconds: ``target_forward_seconds`` (prefill + verification forwards),
+    (:attr:`accepted_from_drafter`); ``tree_sizes``: nodes verified per cycle (root included), the
+    size that sets a verification forward's cost. Seconds: ``target_forward_seconds`` (prefill + verification forwards),
     ``drafter_forward_seconds`` (drafter forwards), ``total_seconds`` (the whole loop).
     """
 
     accepted_lengths: list[int] = field(default_factory=list)
     accepted_from_ngram: int = 0
+    tree_sizes: list[int] = field(default_factory=list)
     new_tokens: int = 0
     target_forward_seconds: float = 0.0
     drafter_forward_seconds: float = 0.0
@@ -86,6 +88,7 @@ class GenerationStats:
     def record(self, tree, walk) -> None:
         """Count one verified cycle: its accepted drafts, and those from n-gram-only nodes."""
         self.accepted_lengths.append(walk.num_accepted_drafts)
+        self.tree_sizes.append(len(tree))
         if tree.from_ngram is not None and walk.num_accepted_drafts:
             self.accepted_from_ngram += sum(bool(tree.from_ngram[node]) for node in walk.nodes[1:])
 

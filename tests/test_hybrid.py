@@ -61,6 +61,7 @@ def test_greedy_matches_plain_and_ngram_nodes_are_accepted(family, monkeypatch):
     assert trees and any(len(g) > len(t) for t, g in trees)
     for base, grafted in trees:
         check_tree(grafted, base, SHAPE["tree_total_tokens"] + 8)
+    assert stats.tree_sizes == [len(grafted) for _, grafted in trees]  # what each verification forward paid for
     # Off (the config default): the same output, and no n-gram node.
     out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, do_sample=False, **SHAPE)
     assert torch.equal(out, expected) and drafter.last_generation_stats.accepted_from_ngram == 0
