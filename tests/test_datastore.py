@@ -83,7 +83,7 @@ def test_sampled_distribution_equals_target(warp):
     torch.manual_seed(0)
     corpus = [plain_generate(target, prompt, max_new_tokens=8, do_sample=True, top_k=None, **warp)[0].tolist()
               for _ in range(30)]  # fmt: skip
-    drafter = hf_spec.NGramDrafter(max_depth=3, datastore=NGramDatastore.from_documents(corpus))
+    drafter = hf_spec.NGramDrafter(max_depth=3, num_draft_tokens=16, datastore=NGramDatastore.from_documents(corpus))
     exact = exact_joint(target, prompt, warpers(**warp))
     counts, accepted = torch.zeros([VOCAB] * 3), []
     torch.manual_seed(1234)
