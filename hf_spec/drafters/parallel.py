@@ -122,7 +122,8 @@ class ParallelDrafter(EagleDrafter):
         ``tree_top_k`` given: every depth gets that width. ``tree_depth`` given: the widths are
         cut to it, or extended with their last width (at most k+1 depths).
         ``tree_total_tokens`` given: keep that many best-scoring nodes (expanded nodes are
-        always kept when sampling); otherwise the whole tree.
+        always kept when sampling); otherwise the configured ``tree_total_tokens`` when it is
+        smaller than the whole tree, else the whole tree.
         """
         widths = list(getattr(self.generation_config, "tree_widths", None) or self.config.tree_widths)
         if top_k is not None:
@@ -138,8 +139,10 @@ class ParallelDrafter(EagleDrafter):
                 )
             widths = (widths + [widths[-1]] * depth)[:depth]
         full = static_tree_size(widths)[0]
-        return StaticTreeShape(depth=len(widths), top_k=max(widths), widths=tuple(widths),
-                               total_tokens=full if total_tokens is None else total_tokens)  # fmt: skip
+        if total_tokens is None:
+            configured = getattr(self.generation_config, "tree_total_tokens", None) or self.config.tree_total_tokens
+            total_tokens = min(configured, full) if configured else full
+        return StaticTreeShape(depth=len(widths), top_k=max(widths), widths=tuple(widths), total_tokens=total_tokens)
 
     def new_drafting_session(self, target, shape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         if not isinstance(shape, StaticTreeShape):
