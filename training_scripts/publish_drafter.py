@@ -4,7 +4,8 @@ Reads the run's ``training_summary.json`` (written by every training script) for
 training facts, and optionally a benchmark JSON (``hf-spec bench`` ``results.json``) for its
 results. Tree-shape fields already written into the destination's config by ``hf-spec tune
 --write`` are kept when the drafter is re-published (``--tree-from DIR`` takes them from another
-tuned folder instead).
+tuned folder instead). A published folder can be its own source (new shape or benchmark, same weights):
+its ``training_info.json`` keeps the card's training facts.
 
     python training_scripts/publish_drafter.py runs/train/hass drafters/smollm2-135m-instruct-hass \\
         --command "bash runs/train_all.sh (see drafters/README.md)" --bench benchmarks/<run>/results.json
@@ -21,6 +22,8 @@ from transformers import AutoModel
 
 TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_widths", "ngram_branches", "ngram_depth",
                 "tree_tuned_for")
+TRAINING_INFO = "training_info.json"
+"""Written beside the weights: the card's training facts, read back when a published folder is its own source."""
 
 
 def card_results(path: str, method: str) -> dict:
@@ -94,6 +97,9 @@ def main(argv=None):
         drafter.ngram_datastore = (NGramDatastore.load(source) if source.endswith(".safetensors")
                                    else datastore_from_feature_cache(source))  # fmt: skip
     info = {}
+    recorded = os.path.join(args.source, TRAINING_INFO)  # a published folder, re-published (new shape, new bench)
+    if os.path.exists(recorded):
+        info.update(json.load(open(recorded)))
     for name in ("drafter/training_summary.json", "training_summary.json", "router_training_summary.json"):
         path = os.path.join(args.source, name)  # CORAL: stage 1 in drafter/, the router beside it
         if os.path.exists(path):
@@ -106,6 +112,8 @@ def main(argv=None):
         info["command"] = args.command
     bench = card_results(args.bench, args.bench_method or f"hf_spec:{args.destination.rstrip('/')}") if args.bench else None
     drafter.save_pretrained(args.destination, bench_results=bench, training_info=info)
+    with open(os.path.join(args.destination, TRAINING_INFO), "w") as f:  # the card's training record, kept for re-publishing
+        json.dump(info, f, indent=1, sort_keys=True)
     print(f"published {args.source} -> {args.destination}: {sorted(os.listdir(args.destination))}")
 
 
