@@ -29,7 +29,7 @@ What exports, checked by loading every export with the real ``speculators`` 0.9.
   made the identity, and its residual never holds the token embedding), so a ``peagle`` file would
   be a different, untrained drafter. :func:`export_speculators` raises a ValueError saying so.
 - :class:`~hf_spec.EagleDrafter` (EAGLE-1/2, HASS, CORAL): **no export by default**. speculators
-  0.1-0.4 had an ``eagle`` type for this architecture; speculators 0.5+ removed it (0.9.0 knows
+  0.1-0.4 had an ``eagle`` type for this architecture; later releases removed it (0.9.0 knows
   ``dflash``, ``dflash2``, ``dspark``, ``eagle3``, ``mtp``, ``peagle``, ``xpress``) and has no
   converter from it, and EAGLE-1 cannot be rewritten as EAGLE-3 for the reasons above. The default
   raises a ValueError naming the options: train an EAGLE-3 drafter
@@ -264,7 +264,7 @@ def export_speculators(drafter_or_path, out_dir: str | os.PathLike, *, speculati
             default the drafter config's ``target_model_name_or_path``. speculators loads the
             embedding (and its verifier head) from there, so give a Hub id or a path it can read.
         legacy_eagle: EAGLE/HASS/CORAL drafters only: write the ``eagle`` layout of speculators
-            0.1-0.4 (which speculators 0.5+ cannot load) instead of raising.
+            0.1-0.4 (which speculators 0.9 rejects) instead of raising.
 
     Returns:
         ``{hf-spec weight name: speculators weight name}``, one entry per tensor.
