@@ -224,3 +224,20 @@ def test_fc_bias_and_other_families_name_the_fix(tmp_path):
     save_file({"exits.0.weight": torch.zeros(2, 2)}, str(saved / "model.safetensors"))
     with pytest.raises(ValueError, match="no speculators counterpart.*train_eagle3"):
         export.export_speculators(saved, tmp_path / "s")
+
+
+def test_cli_export(tmp_path):
+    from hf_spec.cli import main
+
+    target, drafter = target_and_drafter(tmp_path, "llama", 48)
+    drafter.save_pretrained(tmp_path / "saved")
+    assert main(["export", str(tmp_path / "saved"), str(tmp_path / "spec"), "--speculative-tokens", "3"]) == 0
+    config = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == 48
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    back = hf_spec.AutoDrafter.from_pretrained(tmp_path / "spec", target=target)
+    assert all(torch.equal(v, back.state_dict()[k]) for k, v in drafter.state_dict().items())
+    hf_spec.EagleDrafter.from_target(target).save_pretrained(tmp_path / "eagle")
+    with pytest.raises(SystemExit, match="legacy_eagle=True"):
+        main(["export", str(tmp_path / "eagle"), str(tmp_path / "x")])
+    assert main(["export", str(tmp_path / "eagle"), str(tmp_path / "x"), "--legacy-eagle"]) == 0
