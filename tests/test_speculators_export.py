@@ -241,3 +241,12 @@ def test_cli_export(tmp_path):
     with pytest.raises(SystemExit, match="legacy_eagle=True"):
         main(["export", str(tmp_path / "eagle"), str(tmp_path / "x")])
     assert main(["export", str(tmp_path / "eagle"), str(tmp_path / "x"), "--legacy-eagle"]) == 0
+
+
+def test_a_packaged_target_name_is_flagged(tmp_path):
+    drafter = hf_spec.Eagle3Drafter.from_target(make_target(num_hidden_layers=LAYERS), name_or_path="smollm2-135m-instruct")
+    with pytest.warns(UserWarning, match="packaged model name.*verifier_name_or_path"):
+        export.export_speculators(drafter, tmp_path / "a")
+    export.export_speculators(drafter, tmp_path / "b", verifier_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct")
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"

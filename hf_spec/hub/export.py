@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -98,6 +99,12 @@ def _dtype_name(weights: dict[str, torch.Tensor]) -> str | None:
 
 
 def _verifier_block(config: dict, algorithm: str, speculative_tokens: int | None, verifier_name_or_path: str | None) -> dict:
+    name = verifier_name_or_path or config.get("target_model_name_or_path")
+    from ..resources import PACKAGED_MODELS
+
+    if name in PACKAGED_MODELS and not os.path.isdir(name):
+        warnings.warn(f"The verifier {name!r} is an hf-spec packaged model name, which speculators and vLLM cannot "
+                      "resolve. Fix: pass verifier_name_or_path=<its Hub id or a model directory>.", stacklevel=4)  # fmt: skip
     return {
         "algorithm": algorithm,
         "proposal_methods": [
@@ -110,7 +117,7 @@ def _verifier_block(config: dict, algorithm: str, speculative_tokens: int | None
         ],
         "default_proposal_method": "greedy",
         "verifier": {
-            "name_or_path": verifier_name_or_path or config.get("target_model_name_or_path"),
+            "name_or_path": name,
             "architectures": list(config.get("target_architectures") or []),
         },
     }
