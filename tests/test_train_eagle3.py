@@ -95,26 +95,35 @@ def test_gradients_flow_through_the_steps_unless_detached():
     assert not torch.allclose(grads[True], grads[False])
 
 
-def test_train_eagle3_script_trains_and_the_checkpoint_decodes_losslessly(tmp_path):
-    import sys
+SCRIPT = Path(__file__).parents[1] / "training_scripts" / "train_eagle3.py"
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "training_scripts"))
-    import train_eagle3
 
+def script_run(tmp_path, max_steps: int, batch: int = 8) -> tuple:
+    """(target, arguments of a train_eagle3.py run on a tiny Llama target saved with a chat tokenizer)."""
     target = make_target(num_hidden_layers=LAYERS)
     target_dir = tmp_path / "target"
     target.save_pretrained(target_dir)
     tiny_chat_tokenizer().save_pretrained(target_dir)
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(c) + "\n" for c in _conversations(32)))
-    out_dir = tmp_path / "eagle3"
-    train_eagle3.main([
+    return target, [
         "--target_model", str(target_dir), "--dataset", str(data), "--feature_cache", str(tmp_path / "cache"),
-        "--feature_dtype", "float32", "--max_length", "64", "--draft_vocab_size", "24", "--output_dir", str(out_dir),
-        "--max_steps", "40", "--learning_rate", "3e-3", "--warmup_steps", "2", "--per_device_train_batch_size", "8",
-        "--hass_steps", "3", "--logging_steps", "1", "--save_strategy", "no", "--use_cpu", "--seed", "0",
-        "--disable_tqdm", "true", "--report_to", "none",
-    ])  # fmt: skip
+        "--feature_dtype", "float32", "--max_length", "64", "--draft_vocab_size", "24",
+        "--output_dir", str(tmp_path / "eagle3"), "--max_steps", str(max_steps), "--learning_rate", "3e-3",
+        "--warmup_steps", "2", "--per_device_train_batch_size", str(batch), "--hass_steps", "3", "--logging_steps", "1",
+        "--save_strategy", "no", "--use_cpu", "--seed", "0", "--disable_tqdm", "true", "--report_to", "none",
+    ]  # fmt: skip
+
+
+def test_train_eagle3_script_trains_and_the_checkpoint_decodes_losslessly(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import train_eagle3
+
+    target, argv = script_run(tmp_path, max_steps=40)
+    out_dir = tmp_path / "eagle3"
+    train_eagle3.main(argv)
     assert (tmp_path / "cache+layers-2-4-5" / "hf_spec_features.json").exists()
     summary = json.loads((out_dir / "training_summary.json").read_text())
     losses = [r["loss"] for r in summary["log_history"] if "loss" in r]
@@ -133,3 +142,22 @@ def test_train_eagle3_script_trains_and_the_checkpoint_decodes_losslessly(tmp_pa
         assert torch.equal(ours, plain)
         accepted += drafter.last_generation_stats.accepted_lengths
     assert len(accepted) > 0
+
+
+def test_train_eagle3_under_accelerate_launch_two_processes(tmp_path):
+    """Two CPU processes (gloo DDP): the unrolled steps run the drafter's forward several times per backward and
+    its own head is trained, so every trained parameter must be used inside the forward (else DDP marks a
+    gradient ready twice); the extended cache is made once, by the main process."""
+    import os
+    import subprocess
+    import sys
+
+    _, argv = script_run(tmp_path, max_steps=3, batch=4)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+           "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT), *argv]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(SCRIPT.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "eagle3" / "training_summary.json").read_text())
+    assert summary["global_step"] == 3 and summary["feature_cache"].endswith("cache+layers-2-4-5")
+    assert hf_spec.Eagle3Drafter.from_pretrained(tmp_path / "eagle3").config.draft_vocab_size == 24

@@ -119,6 +119,9 @@ class Eagle3Drafter(SpecDrafterModel):
     ``norm`` + ``lm_head`` over the draft vocabulary (``d2t``/``t2d``; the full vocabulary without one)."""
 
     config_class = Eagle3DrafterConfig
+    owns_draft_head = True
+    """Its draft head (``norm`` + ``lm_head``) is its own and trained: training scores inside :meth:`forward`
+    (``output_logits=True``), so data-parallel training sees every parameter use in the forward."""
 
     def __init__(self, config: Eagle3DrafterConfig):
         super().__init__(config)

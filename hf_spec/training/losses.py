@@ -169,11 +169,15 @@ def hass_loss(
     total = 0.0
     metrics = {}
     predictions = []
+    # A drafter with its own trained head (EAGLE-3) scores inside its forward: every use of a trained parameter
+    # must happen in the (DDP-wrapped) forward, or DDP marks its gradient ready twice.
+    own_head = bool(getattr(drafter, "owns_draft_head", False))
     for step in range(1, num_steps + 1):
         dtype = drafter.fc.weight.dtype
         mask = hass_step_mask(seq_len, step, dtype, input_ids.device)
         out = (forward or drafter)(input_ids=input_ids, hidden_states=features, position_ids=position_ids,
-                                   attention_mask=mask, past_key_values=cache, use_cache=True)  # fmt: skip
+                                   attention_mask=mask, past_key_values=cache, use_cache=True,
+                                   **({"output_logits": True} if own_head else {}))  # fmt: skip
         predicted = out.last_hidden_state
         predictions.append(predicted)
         if select.any():
@@ -182,7 +186,8 @@ def hass_loss(
                 reg = F.smooth_l1_loss(pred_sel.float(), target_sel.float(), reduction="none").mean(-1).mean()
             else:  # no feature regression (EAGLE-3: its hidden state is not the target's feature)
                 reg = pred_sel.new_zeros(())
-            log_p = torch.log_softmax(drafter.draft_logits(pred_sel).float(), dim=-1)
+            logits = out.logits[select] if own_head else drafter.draft_logits(pred_sel)
+            log_p = torch.log_softmax(logits.float(), dim=-1)
             cls = masked_mean(-(target_probs * log_p).sum(-1), cls_mask)
             topk_part = masked_mean(-(top_probs * log_p.gather(-1, top_ids)).sum(-1), cls_mask)
         else:  # nothing to learn in this batch; keep the graph connected for DDP
