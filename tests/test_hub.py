@@ -1,5 +1,5 @@
 """Hub integration: remote code + auto_map, model cards, push_to_hub (against a loopback fake Hub),
-and export to the speculators eagle format."""
+and the legacy speculators ``eagle`` export (speculators 0.1-0.4; today's eagle3 export: test_speculators_export.py)."""
 
 from __future__ import annotations
 
@@ -378,7 +378,7 @@ def _rebuild_like_speculators(exported_dir):
 def test_export_speculators_maps_every_weight_one_to_one(tmp_path, family):
     target = make_target(family)
     drafter = hf_spec.EagleDrafter.from_target(target, name_or_path=f"org/tiny-{family}")
-    mapping = export.export_speculators(drafter, tmp_path / "spec")
+    mapping = export.export_speculators(drafter, tmp_path / "spec", legacy_eagle=True)
     state = drafter.state_dict()
     assert set(mapping) == set(state) and len(set(mapping.values())) == len(mapping)
     assert all(v.startswith(("fusion_fc.", "transformer.")) for v in mapping.values())
@@ -409,7 +409,7 @@ def test_export_speculators_maps_every_weight_one_to_one(tmp_path, family):
 
     # exporting the saved directory (no drafter class involved) gives the same files
     drafter.save_pretrained(tmp_path / "saved")
-    assert export.export_speculators(tmp_path / "saved", tmp_path / "spec2") == mapping
+    assert export.export_speculators(tmp_path / "saved", tmp_path / "spec2", legacy_eagle=True) == mapping
     assert json.loads((tmp_path / "spec2" / "config.json").read_text()) == config
     for name, tensor in load_file(tmp_path / "spec2" / "model.safetensors").items():
         assert torch.equal(tensor, exported[name])
@@ -418,7 +418,7 @@ def test_export_speculators_maps_every_weight_one_to_one(tmp_path, family):
 def test_export_speculators_block_validates_with_speculators(tmp_path):
     speculators = pytest.importorskip("speculators", reason="speculators not installed")
     drafter = hf_spec.EagleDrafter.from_target(make_target(), name_or_path="org/tiny")
-    export.export_speculators(drafter, tmp_path)
+    export.export_speculators(drafter, tmp_path, legacy_eagle=True)
     config = json.loads((tmp_path / "config.json").read_text())
     block = speculators.SpeculatorsConfig.model_validate(config["speculators_config"])
     assert block.algorithm == "eagle" and block.verifier.name_or_path == "org/tiny"
@@ -434,7 +434,7 @@ def test_export_speculators_loads_with_speculators_eagle_class(tmp_path):
         pytest.skip(f"speculators {version('speculators')} has no 'eagle' speculator type "
                     f"(has {sorted(registry)}); EAGLE-1 configs exist in speculators 0.1-0.4 only")  # fmt: skip
     drafter = hf_spec.EagleDrafter.from_target(make_target(), name_or_path="org/tiny")
-    mapping = export.export_speculators(drafter, tmp_path)
+    mapping = export.export_speculators(drafter, tmp_path, legacy_eagle=True)
     config = speculators.SpeculatorModelConfig.from_pretrained(tmp_path)
     assert config.speculators_model_type == "eagle"
     model_class = speculators.SpeculatorModel.registry["eagle"]
@@ -446,4 +446,6 @@ def test_export_speculators_loads_with_speculators_eagle_class(tmp_path):
 def test_export_rejects_what_the_format_cannot_hold(tmp_path):
     drafter = hf_spec.EagleDrafter.from_target(make_target(), num_layers=2)
     with pytest.raises(ValueError, match="exactly one decoder layer"):
+        export.export_speculators(drafter, tmp_path, legacy_eagle=True)
+    with pytest.raises(ValueError, match="speculators 0.1-0.4 only"):  # without the flag: today's speculators has no eagle
         export.export_speculators(drafter, tmp_path)

@@ -119,6 +119,9 @@ class Eagle3Drafter(SpecDrafterModel):
     ``norm`` + ``lm_head`` over the draft vocabulary (``d2t``/``t2d``; the full vocabulary without one)."""
 
     config_class = Eagle3DrafterConfig
+    owns_draft_head = True
+    """Its draft head (``norm`` + ``lm_head``) is its own and trained: training scores inside :meth:`forward`
+    (``output_logits=True``), so data-parallel training sees every parameter use in the forward."""
 
     def __init__(self, config: Eagle3DrafterConfig):
         super().__init__(config)
@@ -166,9 +169,7 @@ class Eagle3Drafter(SpecDrafterModel):
         ``last_hidden_state`` is pre-norm; ``logits`` are over the draft vocabulary (b, s, D)."""
         dtype = self.fc.weight.dtype
         embeds = (self.embed(input_ids) if inputs_embeds is None else inputs_embeds).to(dtype)
-        h = hidden_states.to(dtype)
-        if h.shape[-1] == self.fc.in_features:
-            h = self.fc(h)
+        h = self.project_features(hidden_states)
         position_ids, attention_mask = positions_and_mask(h, position_ids, attention_mask, past_key_values)
         h = self.layers[0](
             h,
@@ -181,6 +182,12 @@ class Eagle3Drafter(SpecDrafterModel):
         )
         return EagleDrafterOutput(last_hidden_state=h, logits=self.draft_logits(h) if output_logits else None,
                                   past_key_values=past_key_values)  # fmt: skip
+
+    def project_features(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Fused target layers (..., kH) -> the decoder layer's hidden input (..., H) through ``fc``; H-wide
+        drafter hidden states pass unchanged (what :meth:`forward` does with its ``hidden_states``)."""
+        h = hidden_states.to(self.fc.weight.dtype)
+        return self.fc(h) if h.shape[-1] == self.fc.in_features else h
 
     def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The drafter's own head: ``lm_head(norm(hidden))`` (..., D) (D = V without a draft vocabulary)."""

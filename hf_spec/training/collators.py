@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .data import features_from_storage
+from .data import AUX_COLUMN, features_from_storage
 
 
 @dataclass
@@ -18,7 +18,9 @@ class FeatureCollator:
     Sequences longer than ``max_length`` are truncated. Returns ``input_ids`` (b, L) long,
     ``hidden_states`` (b, L, H), ``loss_mask`` and ``attention_mask`` (b, L) long; padding has
     id ``pad_token_id``, zero features and zero masks. Right padding keeps every real position's
-    causal context unchanged, so no padding mask is needed inside the drafter.
+    causal context unchanged, so no padding mask is needed inside the drafter. Examples of a cache
+    extended with target layer inputs (EAGLE-3, :data:`~hf_spec.training.data.AUX_COLUMN`) also give
+    ``aux_hidden_states`` (b, L, k*H), padded the same way.
     """
 
     storage: str = "float32"
@@ -45,4 +47,9 @@ class FeatureCollator:
             out["loss_mask"][r, :n] = m
             out["hidden_states"][r, :n] = f.to(self.dtype)
             out["attention_mask"][r, :n] = 1
+        if AUX_COLUMN in examples[0]:
+            aux = [features_from_storage(e[AUX_COLUMN], self.storage)[:cut] for e in examples]
+            out[AUX_COLUMN] = torch.zeros(batch, longest, aux[0].shape[-1], dtype=self.dtype)
+            for r, a in enumerate(aux):
+                out[AUX_COLUMN][r, : a.shape[0]] = a.to(self.dtype)
         return out

@@ -173,7 +173,40 @@ def target_features(target, input_ids: torch.Tensor, attention_mask: torch.Tenso
     return target.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
-def _features_schema(hidden_size: int, storage: str):
+AUX_COLUMN = "aux_hidden_states"
+"""Cache column of the inputs of the target layers an EAGLE-3 drafter fuses (HF ``hidden_states[i]``,
+concatenated in ascending layer order, (L, k*H)); a name of its own so a cache written without them is
+never read as if it had them. The layer ids are in the metadata under ``aux_hidden_state_layer_ids``."""
+
+
+@torch.no_grad()
+def target_layer_inputs(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, layer_ids) -> tuple:
+    """(post-norm last hidden state (b, s, H), inputs of decoder layers ``layer_ids`` concatenated (b, s, k*H)).
+
+    The inputs are captured with forward pre-hooks on those layers only (HF ``hidden_states[i]`` without
+    ``output_hidden_states``), exactly what the decoding loop hands an EAGLE-3 drafter."""
+    layers = getattr(target.base_model, "layers", None)
+    ids = sorted(int(i) for i in layer_ids)
+    if layers is None or not ids or ids[0] < 0 or ids[-1] >= len(layers):
+        raise ValueError(f"Target layers {ids} do not exist: the target has {len(layers or [])} decoder layers in `.layers`.")
+    captured = {}
+
+    def capture(index):
+        def hook(module, args, kwargs):
+            captured[index] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    hooks = [layers[i].register_forward_pre_hook(capture(i), with_kwargs=True) for i in ids]
+    try:
+        last = target.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return last, torch.cat([captured[i] for i in ids], dim=-1)
+
+
+def _features_schema(hidden_size: int, storage: str, aux_width: int | None = None):
     from datasets import Array2D, Features, Sequence, Value
 
     stored = {"bfloat16": "int16", "float16": "float16", "float32": "float32"}[storage]
@@ -183,6 +216,7 @@ def _features_schema(hidden_size: int, storage: str):
             "input_ids": Sequence(Value("int32")),
             "loss_mask": Sequence(Value("int8")),
             "hidden_states": Array2D(shape=(None, hidden_size), dtype=stored),
+            **({AUX_COLUMN: Array2D(shape=(None, aux_width), dtype=stored)} if aux_width else {}),
         }
     )
 
@@ -280,17 +314,90 @@ def build_feature_cache(
     return output_dir
 
 
-def load_feature_cache(path: str):
-    """All shards of a feature cache as one ``datasets.Dataset`` (+ its storage dtype)."""
+def load_feature_cache(path: str, aux_layer_ids=None):
+    """All shards of a feature cache as one ``datasets.Dataset`` (+ its storage dtype).
+
+    ``aux_layer_ids``: the target layers whose inputs the caller needs (EAGLE-3); ValueError naming the
+    fix unless the cache holds exactly those (:func:`add_layer_features`)."""
     from datasets import concatenate_datasets, load_from_disk
 
     meta = json.loads(Path(path, _META_FILE).read_text())
+    if aux_layer_ids is not None:
+        wanted, held = sorted(int(i) for i in aux_layer_ids), meta.get("aux_hidden_state_layer_ids")
+        if held != wanted:
+            what = "only the target's last hidden state" if held is None else f"the inputs of target layers {held}"
+            raise ValueError(
+                f"The feature cache {path} holds {what}, but this drafter reads the inputs of target layers {wanted} "
+                f"(EAGLE-3). Fix: extend it with hf_spec.training.data.add_layer_features(cache, target, {wanted}) "
+                "(`python -m hf_spec.training.data layers --feature_cache CACHE --layers ...`), or let "
+                "train_eagle3.py do it (it writes the extended cache next to the one you give)."
+            )
     # a shard counts once written completely (a running or killed writer may leave a partial one)
     shards = sorted(p for p in Path(path).iterdir() if p.name.startswith("shard-") and (p / "dataset_info.json").exists())
     if not shards:
         raise FileNotFoundError(f"No feature shards in {path}; build them with `python -m hf_spec.training.data features`.")
     dataset = concatenate_datasets([load_from_disk(str(p)) for p in shards])
     return dataset, meta["storage"]
+
+
+def layer_cache_dir(base: str, layer_ids) -> str:
+    """Where the copy of cache ``base`` extended with the inputs of target layers ``layer_ids`` lives (beside it)."""
+    return f"{os.path.normpath(base)}+layers-{'-'.join(str(int(i)) for i in sorted(layer_ids))}"
+
+
+@torch.no_grad()
+def add_layer_features(base: str, target, layer_ids, output_dir: str | None = None, batch_tokens: int = 4096) -> str:
+    """A copy of feature cache ``base`` with the :data:`AUX_COLUMN` column added: the inputs of target layers
+    ``layer_ids`` over the cached token ids (one prefill forward per batch of examples).
+
+    Ids, loss masks and last hidden states are copied as they are (a self-distilled cache keeps its
+    decode-time features), so the extended cache trains on exactly the same data. Written shard by shard
+    to ``output_dir`` (default :func:`layer_cache_dir`); existing shards are kept (resumable)."""
+    from datasets import Dataset, load_from_disk
+
+    ids = sorted(int(i) for i in layer_ids)
+    output_dir = output_dir or layer_cache_dir(base, ids)
+    meta = json.loads(Path(base, _META_FILE).read_text())
+    if meta.get("aux_hidden_state_layer_ids") is not None:
+        raise ValueError(f"{base} already holds layer inputs {meta['aux_hidden_state_layer_ids']}; extend the cache it "
+                         f"was made from ({meta.get('base_cache')}).")  # fmt: skip
+    storage, hidden = meta["storage"], meta["hidden_size"]
+    schema = _features_schema(hidden, storage, len(ids) * hidden)
+    os.makedirs(output_dir, exist_ok=True)
+    shards = sorted(p for p in Path(base).iterdir() if p.name.startswith("shard-") and (p / "dataset_info.json").exists())
+    device = target.device
+    for shard in tqdm(shards, desc=f"target layers {ids}", unit="shard"):
+        out_path = Path(output_dir, shard.name)
+        if (out_path / "dataset_info.json").exists():
+            continue
+        data = load_from_disk(str(shard))
+        token_ids = data.select_columns(["input_ids"])["input_ids"]
+        lengths = [len(x) for x in token_ids]
+        aux = [None] * len(lengths)
+        order = sorted(range(len(lengths)), key=lengths.__getitem__)
+        start = 0
+        while start < len(order):  # length-sorted, right-padded batches, as build_feature_cache
+            end = start + 1
+            while end < len(order) and (end - start + 1) * lengths[order[end]] <= batch_tokens:
+                end += 1
+            batch = order[start:end]
+            longest = max(lengths[k] for k in batch)
+            input_ids = torch.zeros(len(batch), longest, dtype=torch.long)
+            attn = torch.zeros(len(batch), longest, dtype=torch.long)
+            for r, k in enumerate(batch):
+                input_ids[r, : lengths[k]] = torch.tensor(token_ids[k])
+                attn[r, : lengths[k]] = 1
+            fused = target_layer_inputs(target, input_ids.to(device), attn.to(device), ids)[1]
+            for r, k in enumerate(batch):
+                aux[k] = _to_storage(fused[r, : lengths[k]], storage)
+            start = end
+        rows = {name: list(data.with_format("numpy")[name]) if name == "hidden_states" else data[name]
+                for name in data.column_names}  # fmt: skip
+        rows[AUX_COLUMN] = aux
+        Dataset.from_dict(rows, features=schema).save_to_disk(str(out_path))
+    meta = {**meta, "aux_hidden_state_layer_ids": ids, "base_cache": os.path.abspath(base)}
+    Path(output_dir, _META_FILE).write_text(json.dumps(meta, indent=1))
+    return output_dir
 
 
 def feature_cache_dir(root: str, target_name: str, dataset: str, num_conversations, max_length: int, storage: str):
@@ -405,6 +512,12 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     sd = sub.add_parser("self-distill", help="regenerate assistant answers with the target (greedy, resumable)")
     ft = sub.add_parser("features", help="cache target features as datasets shards")
+    ly = sub.add_parser("layers", help="copy a feature cache, adding the inputs of target layers (EAGLE-3)")
+    ly.add_argument("--target_model", default="smollm2-135m-instruct", help="packaged name or local path")
+    ly.add_argument("--dtype", default="bfloat16", choices=sorted(FEATURE_DTYPES))
+    ly.add_argument("--feature_cache", required=True, help="the cache to extend")
+    ly.add_argument("--layers", type=int, nargs="+", required=True, help="target layer ids, e.g. 2 15 27")
+    ly.add_argument("--output", default=None, help="default: CACHE+layers-<ids> beside it")
     for p in (sd, ft):
         p.add_argument("--target_model", default="smollm2-135m-instruct", help="packaged name or local path")
         p.add_argument("--dataset", default="sharegpt", help="sharegpt | chitchat | path to .jsonl")
@@ -420,6 +533,9 @@ def main(argv=None):
     ft.add_argument("--storage", default="bfloat16", choices=sorted(FEATURE_DTYPES))
     args = parser.parse_args(argv)
     target, tokenizer = load_target(args.target_model, FEATURE_DTYPES[args.dtype])
+    if args.command == "layers":
+        print(add_layer_features(args.feature_cache, target, args.layers, args.output))
+        return
     if args.command == "self-distill":
         conversations = load_conversations(args.dataset)
         if args.shuffle_seed is not None:

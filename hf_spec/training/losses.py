@@ -117,8 +117,15 @@ def hass_loss(
     forward=None,
     return_predictions: bool = False,
     argmax_ids: torch.Tensor | None = None,
+    detach_steps: bool = True,
 ) -> dict[str, torch.Tensor]:
     """HASS training loss: ``sum_j beta^(j-1) * (EAGLE loss_j + w_topk * TopK loss_j)``.
+
+    EAGLE-3's training-time test is the same unrolled computation (each step a drafting depth, the
+    context of every position exactly as at decoding time), scored by cross-entropy only: an
+    :class:`~hf_spec.Eagle3Drafter` with ``w_reg=0, w_topk=0, beta=0.8, detach_steps=False``
+    (:class:`~hf_spec.training.trainers.Eagle3Trainer`; ``tests/test_train_eagle3.py`` checks each step's
+    logits against speculators' EAGLE-3 forward).
 
     Args:
         drafter: an :class:`~hf_spec.EagleDrafter` bound to the target.
@@ -132,10 +139,13 @@ def hass_loss(
             features (b, s, H).
         argmax_ids: (b, s) the target's greedy token after each position when the data says it
             (self-distilled), so the draft-vocabulary mask needs no full LM head.
+        detach_steps: feed step j the step j-1 predictions detached (HASS A.1), or with their graph, so
+            later steps' losses also train the earlier passes (EAGLE-3's training-time test).
 
     Step 1 is EAGLE's forward. Step j feeds, at position t, the feature the drafter predicted
-    for position t in step j-1 (the prediction made at t-1; position 0 keeps f_0), detached as
-    in HASS A.1, with the same tokens. With a draft vocabulary, the target distribution is
+    for position t in step j-1 (the prediction made at t-1; position 0 keeps f_0, through the
+    drafter's ``project_features`` when it has one: EAGLE-3's fc over the fused target layers),
+    detached as in HASS A.1 unless ``detach_steps`` is False, with the same tokens. With a draft vocabulary, the target distribution is
     restricted to it and positions whose target argmax lies outside it leave the
     classification and Top-K terms (:meth:`~hf_spec.drafters.base.SpecDrafterModel.training_targets`). Its keys/values mix the earlier steps' blocks exactly as
     :func:`hass_step_mask` says; the earlier blocks come from a ``DynamicCache`` filled by the
@@ -159,24 +169,39 @@ def hass_loss(
     total = 0.0
     metrics = {}
     predictions = []
+    # A drafter with its own trained head (EAGLE-3) scores inside its forward: every use of a trained parameter
+    # must happen in the (DDP-wrapped) forward, or DDP marks its gradient ready twice.
+    own_head = bool(getattr(drafter, "owns_draft_head", False))
     for step in range(1, num_steps + 1):
         dtype = drafter.fc.weight.dtype
         mask = hass_step_mask(seq_len, step, dtype, input_ids.device)
         out = (forward or drafter)(input_ids=input_ids, hidden_states=features, position_ids=position_ids,
-                                   attention_mask=mask, past_key_values=cache, use_cache=True)  # fmt: skip
+                                   attention_mask=mask, past_key_values=cache, use_cache=True,
+                                   **({"output_logits": True} if own_head else {}))  # fmt: skip
         predicted = out.last_hidden_state
         predictions.append(predicted)
         if select.any():
             pred_sel = predicted[select]
-            reg = F.smooth_l1_loss(pred_sel.float(), target_sel.float(), reduction="none").mean(-1).mean()
-            log_p = torch.log_softmax(drafter.draft_logits(pred_sel).float(), dim=-1)
+            if w_reg:
+                reg = F.smooth_l1_loss(pred_sel.float(), target_sel.float(), reduction="none").mean(-1).mean()
+            else:  # no feature regression (EAGLE-3: its hidden state is not the target's feature)
+                reg = pred_sel.new_zeros(())
+            logits = out.logits[select] if own_head else drafter.draft_logits(pred_sel)
+            log_p = torch.log_softmax(logits.float(), dim=-1)
             cls = masked_mean(-(target_probs * log_p).sum(-1), cls_mask)
             topk_part = masked_mean(-(top_probs * log_p.gather(-1, top_ids)).sum(-1), cls_mask)
         else:  # nothing to learn in this batch; keep the graph connected for DDP
             reg = cls = topk_part = predicted.sum() * 0.0
         total = total + beta ** (step - 1) * (w_reg * reg + w_cls * cls + w_topk * topk_part)
         metrics.update({f"reg_{step}": reg.detach(), f"cls_{step}": cls.detach(), f"topk_{step}": topk_part.detach()})
-        features = torch.cat([hidden_states[:, :1], predicted[:, :-1].detach().to(hidden_states.dtype)], dim=1)
+        if step == 1:  # position 0 has no drafted predecessor: it keeps its step-1 input (see above)
+            first = hidden_states[:, :1]
+            project = getattr(drafter, "project_features", None)
+            if project is not None:
+                with torch.no_grad():
+                    first = project(first)
+        fed = predicted[:, :-1].detach() if detach_steps else predicted[:, :-1]
+        features = torch.cat([first.to(hidden_states.dtype), fed.to(hidden_states.dtype)], dim=1)
     if return_predictions:
         metrics["predictions"] = predictions
     return {"loss": total, **metrics}

@@ -1,8 +1,10 @@
 """What the training scripts share: target loading, the feature cache, the drafter, the Trainer run.
 
-``training_scripts/train_eagle.py``, ``train_hass.py`` and ``train_parallelspec.py`` are thin
-``main()``s over :func:`train_drafter`, so every feature drafter trains on the same chat-templated,
-assistant-masked data and the same cached target features.
+``training_scripts/train_eagle.py``, ``train_hass.py``, ``train_eagle3.py`` and ``train_parallelspec.py``
+are thin ``main()``s over :func:`train_drafter`, so every feature drafter trains on the same chat-templated,
+assistant-masked data and the same cached target features. EAGLE-3 also reads the inputs of three target
+layers: its run extends the cache (a copy beside it, :func:`~hf_spec.training.data.add_layer_features`)
+with them once, and trains on the same examples.
 """
 
 from __future__ import annotations
@@ -18,25 +20,29 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from .. import draft_vocab
 from ..drafters import EagleDrafter, ParallelDrafter
+from ..drafters.eagle3 import Eagle3Drafter, default_aux_layer_ids
 from ..drafters.router import frequency_order
 from ..resources import cache_dir
 from .collators import FeatureCollator
 from .data import (
     _META_FILE,
     FEATURE_DTYPES,
+    add_layer_features,
     build_feature_cache,
     feature_cache_dir,
+    layer_cache_dir,
     load_conversations,
     load_feature_cache,
     load_target,
 )
 from .parallel import ParallelTrainer
-from .trainers import CoralTrainer, EagleTrainer, HassTrainer, RouterTrainer
+from .trainers import CoralTrainer, Eagle3Trainer, EagleTrainer, HassTrainer, RouterTrainer
 
 METHODS = {
     "eagle": (EagleDrafter, EagleTrainer),
     "hass": (EagleDrafter, HassTrainer),
     "coral": (EagleDrafter, CoralTrainer),
+    "eagle3": (Eagle3Drafter, Eagle3Trainer),
     "parallelspec": (ParallelDrafter, ParallelTrainer),
 }
 """training method -> (drafter class, Trainer class)."""
@@ -60,9 +66,13 @@ class DataArguments:
                                                                      "full target vocabulary"})
 
 
-def prepare_features(data_args: DataArguments, training_args):
+def prepare_features(data_args: DataArguments, training_args, aux_layer_ids=None):
     """(target, tokenizer, cache dir, feature dataset, storage dtype): loads the target and builds the
-    feature cache on first use (main process first under accelerate)."""
+    feature cache on first use (main process first under accelerate).
+
+    ``aux_layer_ids``: target layer ids (or a function of the target giving them) whose inputs the drafter
+    reads (EAGLE-3): the cache is then the copy of the feature cache extended with them
+    (:func:`~hf_spec.training.data.layer_cache_dir`), built on first use."""
     target, tokenizer = load_target(data_args.target_model, FEATURE_DTYPES[data_args.feature_dtype])
     cache = data_args.feature_cache or feature_cache_dir(
         str(cache_dir() / "features"), data_args.target_model, data_args.dataset, data_args.num_conversations,
@@ -73,7 +83,16 @@ def prepare_features(data_args: DataArguments, training_args):
             conversations = load_conversations(data_args.dataset, data_args.num_conversations)
             build_feature_cache(target, tokenizer, conversations, cache, training_args.max_length,
                                 data_args.feature_storage)  # fmt: skip
-    dataset, storage = load_feature_cache(cache)
+    if aux_layer_ids is not None:
+        aux_layer_ids = sorted(aux_layer_ids(target) if callable(aux_layer_ids) else aux_layer_ids)
+        meta = json.loads(Path(cache, _META_FILE).read_text())
+        if meta.get("aux_hidden_state_layer_ids") is None:  # a plain cache: use (or make) its extended copy
+            base, cache = cache, layer_cache_dir(cache, aux_layer_ids)
+            with training_args.main_process_first(desc="target layer features"):
+                if not os.path.exists(os.path.join(cache, _META_FILE)):
+                    print(f"[hf_spec] adding the inputs of target layers {aux_layer_ids} to {base} -> {cache}", flush=True)
+                    add_layer_features(base, target, aux_layer_ids, cache)
+    dataset, storage = load_feature_cache(cache, aux_layer_ids)
     return target, tokenizer, cache, dataset, storage
 
 
@@ -163,7 +182,11 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
         raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
     drafter_class, trainer_class = METHODS[method]
     start = time.time()
-    target, tokenizer, cache, dataset, storage = prepare_features(data_args, training_args)
+    aux_layer_ids = None
+    if drafter_class is Eagle3Drafter:  # the layers it fuses: given, or EAGLE-3's default (2, L//2, L-3)
+        given = drafter_config.get("eagle_aux_hidden_state_layer_ids")
+        aux_layer_ids = given or (lambda t: default_aux_layer_ids(t.config.get_text_config().num_hidden_layers))
+    target, tokenizer, cache, dataset, storage = prepare_features(data_args, training_args, aux_layer_ids)
     target = target.float()  # the drafter trains in fp32 (bf16 autocast via --bf16) against the fp32 LM head
     drafter = drafter_class.from_target(target, name_or_path=data_args.target_model, num_layers=data_args.num_layers,
                                         training_method=method, **drafter_config)  # fmt: skip

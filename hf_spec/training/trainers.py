@@ -57,6 +57,13 @@ def _drafter_inputs(trainer: Trainer, inputs: dict):
     ids, feats_in, feats_target, mask = shift_for_drafter(
         inputs["input_ids"], inputs["hidden_states"], inputs["loss_mask"], inputs.get("attention_mask")
     )
+    key = getattr(trainer, "input_features", "hidden_states")
+    if key != "hidden_states":  # EAGLE-3: the drafter reads other target layers; the targets stay the last hidden state
+        if key not in inputs:
+            raise ValueError(f"{type(trainer).__name__} needs the batch's {key!r} (the inputs of the target layers the "
+                             "drafter fuses), which this feature cache lacks. Fix: train on a cache extended with "
+                             "hf_spec.training.data.add_layer_features (train_eagle3.py makes one).")  # fmt: skip
+        feats_in = inputs[key][:, :-1]
     noise = trainer.args.feature_noise
     if noise and trainer.model.training:
         feats_in = feats_in + (torch.rand_like(feats_in) * 2 - 1) * noise
@@ -101,12 +108,43 @@ class HassTrainer(Trainer):
         args = self.args
         out = hass_loss(drafter, ids, feats_in, feats_target, mask, num_steps=args.hass_steps, beta=args.hass_beta,
                         w_topk=args.w_topk, topk=args.topk, w_reg=args.w_reg, w_cls=args.w_cls, forward=model,
-                        argmax_ids=_greedy_next_tokens(self, ids), return_predictions=return_predictions)  # fmt: skip
+                        argmax_ids=_greedy_next_tokens(self, ids), return_predictions=return_predictions,
+                        detach_steps=getattr(args, "detach_steps", True))  # fmt: skip
         return out, feats_target, mask
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         out = self._hass_loss(model, inputs)[0]
         return (out["loss"], out) if return_outputs else out["loss"]
+
+
+@dataclass
+class Eagle3TrainingArguments(HassTrainingArguments):
+    """EAGLE-3's training-time test (Li et al., 2025): the drafter is unrolled ``hass_steps`` = 7 drafting
+    depths on every sequence, each depth seeing exactly its decoding-time context (its own earlier outputs
+    as features), with the cross-entropy to the target's distribution over the draft vocabulary at each
+    depth, weighted 0.8^(j-1) as in EAGLE-3's code; no feature regression (the drafter's hidden state is
+    not the target's feature) and gradients flow through the unrolled steps. HASS's Top-K distillation can
+    be added on top with ``--w_topk``."""
+
+    hass_steps: int = field(default=7, metadata={"help": "training-time test steps, i.e. drafting depths unrolled "
+                                                         "(EAGLE-3: 7)"})  # fmt: skip
+    hass_beta: float = field(default=0.8, metadata={"help": "step j's loss is weighted by beta^(j-1) (EAGLE-3: 0.8)"})
+    w_reg: float = field(default=0.0, metadata={"help": "feature regression weight (EAGLE-3: none)"})
+    w_cls: float = field(default=1.0, metadata={"help": "weight of the cross-entropy to the target's distribution "
+                                                        "over the draft vocabulary (EAGLE-3: 1.0)"})  # fmt: skip
+    w_topk: float = field(default=0.0, metadata={"help": "weight of HASS's Top-K distillation on top (EAGLE-3: none)"})
+    feature_noise: float = field(default=0.0, metadata={"help": "half-width of uniform noise on the fused input "
+                                                                "features (EAGLE-3: none)"})  # fmt: skip
+    detach_steps: bool = field(default=False, metadata={"help": "feed later steps detached predictions, as HASS "
+                                                                "(EAGLE-3: no, gradients flow through the steps)"})  # fmt: skip
+
+
+class Eagle3Trainer(HassTrainer):
+    """Trains an :class:`~hf_spec.Eagle3Drafter` with EAGLE-3's training-time test: :func:`~hf_spec.training.losses.hass_loss`
+    over the fused target layers (the batch's ``aux_hidden_states``), the last hidden state giving the targets."""
+
+    input_features = "aux_hidden_states"
+    """The batch key of the drafter's input features (:func:`_drafter_inputs`)."""
 
 
 @dataclass
