@@ -11,6 +11,7 @@ from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from .. import compat, draft_vocab
 from ..tree.dynamic import TreeShape
+from .session import DraftingSession
 
 
 CHECKPOINT_FORMAT_VERSION = "0.1"
@@ -322,14 +323,14 @@ class SpecDrafterModel(PreTrainedModel):
 
     def new_drafting_session(
         self, target: PreTrainedModel, shape: TreeShape, do_sample: bool, temperature: float, prompt_ids: torch.Tensor
-    ):
-        """Per-generation drafting state; each drafter family implements it.
+    ) -> DraftingSession:
+        """Per-generation drafting state of one sequence; each drafter family implements it.
 
-        The session's ``propose(features, next_tokens) -> DraftTree`` is called once per cycle
-        with the target features of the newly committed positions and, for each, the token
-        that follows it (the last one is the new root). ``prompt_ids`` (1, L) is the prompt, for
-        token-level drafters that also need its first token. ``forward_seconds`` accumulates
-        the time spent in drafter forwards.
+        Returns a :class:`~hf_spec.drafters.session.DraftingSession` subclass, whose
+        ``propose(features, next_tokens) -> DraftTree`` is called once per cycle with the target
+        features of the newly committed positions and, for each, the token that follows it (the
+        last one is the new root). ``prompt_ids`` (1, L) is the prompt, for token-level drafters
+        that also need its first token.
         """
         raise NotImplementedError
 

@@ -61,11 +61,13 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .. import compat, draft_vocab, timing
+from ..stats import EarlyExitStats
 from ..tree.dynamic import TreeShape, draw_candidates
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .eagle import _NOT_LAYER_FIELDS, DECODER_LAYERS
 from .layer_config import decoder_layer_config
+from .session import DraftingSession
 
 DEFAULT_THRESHOLDS_FRACTIONS = (0.9, 0.7)
 """Default thresholds of the non-final exits, first exit first (the last exit always accepts)."""
@@ -242,8 +244,6 @@ class SortedDrafter(SpecDrafterModel):
         self.lm_head = nn.Linear(hidden, config.target_vocab_size, bias=False)
         self._bound_target = None
         self.thresholds = list(config.default_thresholds)
-        self.last_exit_counts = None
-        self.last_drafting_session = None
         self.post_init()
 
     # -- construction -------------------------------------------------------------------------
@@ -416,10 +416,7 @@ class SortedDrafter(SpecDrafterModel):
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         if prompt_ids is None:
             raise ValueError("SortedDrafter drafts from tokens and needs the prompt (prompt_ids).")
-        session = SortedDraftingSession(self, shape, do_sample, temperature, prompt_ids)
-        self.last_exit_counts = session.exit_counts
-        self.last_drafting_session = session
-        return session
+        return SortedDraftingSession(self, shape, do_sample, temperature, prompt_ids)
 
     # -- plain transformers assistant ---------------------------------------------------------------
     def to_causal_lm(self, exit_layer: int | None = None) -> PreTrainedModel:
@@ -450,13 +447,14 @@ class SortedDrafter(SpecDrafterModel):
         return lm.to(self.device).eval()
 
 
-class SortedDraftingSession:
+class SortedDraftingSession(DraftingSession):
     """Drafting state of one generate() call: adaptive early-exit chain drafting with lazy catch-up.
 
     Token position t holds committed token x_t; the drafter's output there predicts x_{t+1}.
     See the module docstring for the KV-cache scheme. ``exit_counts[i]``: draft tokens that
     left at exit i; ``last_exits``: the exit of each token of the last draft; cost counters
-    ``layer_calls`` (layer forwards, whatever the number of positions) and ``head_calls``.
+    ``layer_calls`` (layer forwards, whatever the number of positions) and ``head_calls``;
+    :meth:`record` puts them into the row's stats (``early_exits``).
     """
 
     def __init__(self, drafter: SortedDrafter, shape: TreeShape, do_sample, temperature, prompt_ids):
@@ -478,6 +476,10 @@ class SortedDraftingSession:
         self.layer_calls = 0
         self.head_calls = 0
         self.forward_seconds = 0.0
+
+    def record(self, stats) -> None:
+        super().record(stats)
+        stats.early_exits = EarlyExitStats(list(self.exit_counts), self.layer_calls, self.head_calls)
 
     def _run_segment(self, s: int, hidden: torch.Tensor) -> torch.Tensor:
         """Segment s over ``hidden`` (n, H), the inputs of positions done[s].. ; returns outputs (n, H)."""
@@ -645,12 +647,12 @@ def search_thresholds(
                 target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens,
                                 **generate_kwargs)  # fmt: skip
                 seconds += timing.clock(drafter.device) - start
-                session = drafter.last_drafting_session
                 stats = drafter.last_generation_stats
+                exits = stats.early_exits
                 tokens += stats.new_tokens
                 cycles += stats.cycles + 1  # + the prefill
-                drafter_cost += session.layer_calls * layer_cost + session.head_calls * head_cost
-                counts = [a + b for a, b in zip(counts, session.exit_counts)]
+                drafter_cost += exits.layer_calls * layer_cost + exits.head_calls * head_cost
+                counts = [a + b for a, b in zip(counts, exits.exit_counts)]
             proxy = tokens / (cycles + drafter_cost / target_cost)
             results.append(dict(thresholds=list(thresholds), proxy=proxy, tokens_per_second=tokens / max(seconds, 1e-9),
                                 new_tokens=tokens, cycles=cycles, exit_counts=counts))  # fmt: skip
