@@ -223,9 +223,10 @@ class SortedDrafter(SpecDrafterModel):
     """S2D sorted drafter: embedding -> first L layers of a source LM, exits sharing norm + LM head.
 
     Build one with :meth:`from_source_model`; load a trained one with ``from_pretrained``.
-    Binding (``generate()`` does it) only validates the target and picks its thresholds;
-    :attr:`thresholds` may be overridden afterwards. After a generation,
-    :attr:`last_exit_counts` holds how many draft tokens left at each exit.
+    Binding (``generate()`` does it) borrows nothing: it checks the target's vocabulary and
+    selects its thresholds (:meth:`select_thresholds`); :attr:`thresholds` may be overridden
+    afterwards. After a generation, ``last_generation_stats.early_exits`` holds how many draft
+    tokens left at each exit and the drafter's layer and head calls.
     """
 
     config_class = SortedDrafterConfig
@@ -307,16 +308,15 @@ class SortedDrafter(SpecDrafterModel):
         return self.lm_head
 
     # -- binding: validate + pick thresholds; nothing is borrowed ---------------------------------
-    def bind(self, target: PreTrainedModel):
-        """Check ``target``'s vocabulary, take its thresholds from ``config.targets``, move to its device/dtype."""
-        self.thresholds = self.config.thresholds_for(target)
-        if self.has_draft_vocab:
-            draft_vocab.validate(self.d2t, self.t2d, target.config.get_text_config().vocab_size)
-        if self.device != target.device or self.dtype != target.dtype:
-            self.to(device=target.device, dtype=target.dtype)
+    def _attach_target(self, target: PreTrainedModel) -> None:
+        """:meth:`bind`'s family step: nothing is borrowed; the target's thresholds are selected."""
+        self.select_thresholds(target)
         self._bound_target = weakref.ref(target)
-        self._bound_target_config = target.config
-        return self
+
+    def select_thresholds(self, target: PreTrainedModel) -> list[float]:
+        """Check ``target``'s vocabulary and make its thresholds (``config.targets``, else the defaults) active."""
+        self.thresholds = self.config.thresholds_for(target)
+        return self.thresholds
 
     @property
     def is_bound(self) -> bool:
