@@ -498,7 +498,8 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
         rows.append(_Row(index=r, session=session, sequence=input_ids[r : r + 1],
                          pending_features=target.drafter_features[r, start:],
                          pending_tokens=torch.cat([row_prompt[0, 1:], first]), emitted=first,
-                         stats=stats if one_row else GenerationStats(), scores=[scores], logits=[last_logits[r]]))  # fmt: skip
+                         stats=stats if one_row else GenerationStats(),
+                         scores=[scores], logits=[last_logits[r]]))  # fmt: skip
     if not one_row:
         stats.rows = [row.stats for row in rows]
     active = list(rows)
