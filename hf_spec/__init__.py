@@ -22,8 +22,9 @@ from .drafters import (
     SpecDrafterModel,
 )
 from .hub.convert import AutoDrafter
-from .generation import GenerationStats, install, speculative_decode, uninstall
+from .generation import install, speculative_decode, uninstall
 from .resources import PACKAGED_MODELS, load_packaged_model, packaged_model_path
+from .stats import GenerationStats
 from .tree.dynamic import TreeShape
 from .tree.tree import DraftTree
 

@@ -197,7 +197,7 @@ def measure_verify_cost(model, sizes: Sequence[int], prefix_length: int = 256, r
     """``{n: median ms of one target forward of n tree tokens on a cached prefix + the LM head over the n rows}``."""
     from . import compat
     from .cache import crop_to
-    from .generation import target_sliding_window
+    from .decoding import target_sliding_window
     from .tree.tree import DraftTree
 
     device = model.device
@@ -252,7 +252,7 @@ class AcceptanceData:
 
 def _dynamic_session(drafter, model, shape: TreeShape, prompt_ids):
     from .drafters.eagle import EagleDraftingSession
-    from .generation import new_session
+    from .decoding import new_session
 
     session = new_session(drafter, model, shape, False, 1.0, prompt_ids, None, ngram_branches=0)  # the drafter's own trees
     if type(session) is not EagleDraftingSession:

@@ -153,7 +153,7 @@ def count_host_syncs():
     Ops whose output shape depends on data (``nonzero``, boolean indexing) sync inside C++ and
     are not counted."""
     from hf_spec.drafters.eagle import EagleDraftingSession
-    from hf_spec.generation import _Target
+    from hf_spec.decoding import _Target
 
     counts = {"loop": 0, "drafter": 0, "head": 0}
     inside = [False]

@@ -167,15 +167,15 @@ def test_unpadded_batch_and_return_dict():
 
 def test_long_generation_repacks_the_cache_and_stays_exact(monkeypatch):
     """Rows accepting different lengths leave holes; re-packing (forced often here) must not change the output."""
-    monkeypatch.setattr(hf_spec.batched, "HOLE_SLACK", 2)
+    monkeypatch.setattr(hf_spec.decoding, "HOLE_SLACK", 2)
     calls = []
-    original = hf_spec.batched.gather_positions
+    original = hf_spec.decoding.gather_positions
 
     def recording(cache, prefix, index):
         calls.append(prefix)
         original(cache, prefix, index)
 
-    monkeypatch.setattr(hf_spec.batched, "gather_positions", recording)
+    monkeypatch.setattr(hf_spec.decoding, "gather_positions", recording)
     target, drafter = oracle_pair("qwen2")
     check_batch(target, drafter, prompts_of(), max_new_tokens=60, also_batched_plain=False)
     assert 0 in calls  # a re-pack happened

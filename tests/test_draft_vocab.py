@@ -325,7 +325,7 @@ def test_sorted_drafter_exits_score_only_the_draft_vocabulary(tmp_path):
         out = target.generate(prompt, assistant_model=drafter, max_new_tokens=24, do_sample=False, tree_depth=4)
         assert torch.equal(out, expected)
         assert _outside_count(expected, 10, drafter.t2d) > 0
-    assert sum(c > 0 for c in drafter.last_exit_counts) >= 2, drafter.last_exit_counts  # early exits stay live
+    assert sum(c > 0 for c in drafter.last_generation_stats.early_exits.exit_counts) >= 2, drafter.last_generation_stats.early_exits.exit_counts  # early exits stay live
     ids = random_prompt(12, seed=9)
     out = drafter(ids, labels=ids)
     assert all(logits.shape[-1] == 40 for logits in out.logits_per_exit)

@@ -69,12 +69,12 @@ def test_config_defaults_and_collision_error():
 
 def test_loop_hands_the_drafter_the_inputs_of_the_fused_layers():
     from hf_spec import compat
-    from hf_spec.generation import _Target
+    from hf_spec.decoding import _Target
 
     target, drafter = trained_pair()
     prompt = random_prompt()
     loop_target = _Target(target, drafter.target_feature_layers())
-    last = loop_target.forward(prompt, compat.full_dynamic_cache())
+    last = loop_target.forward(prompt, compat.full_dynamic_cache())[0]
     torch.testing.assert_close(loop_target.drafter_features[0], fused_features(target, prompt, [2, 4, 5])[0])
     torch.testing.assert_close(last, target.base_model(input_ids=prompt).last_hidden_state[0])
     assert not any(layer._forward_pre_hooks for layer in target.base_model.layers)  # hooks removed

@@ -35,7 +35,7 @@ def test_greedy_equals_plain_generate_with_early_exits(family):
     expected = plain_generate(target, prompt, max_new_tokens=24, do_sample=False)
     out = target.generate(prompt, assistant_model=drafter, max_new_tokens=24, do_sample=False, tree_depth=4)
     assert torch.equal(out, expected)
-    counts = drafter.last_exit_counts
+    counts = drafter.last_generation_stats.early_exits.exit_counts
     assert sum(c > 0 for c in counts) >= 2, counts  # early exit really active, deeper exits too
 
 
@@ -95,12 +95,15 @@ def test_use_fixed_exit_drafts_only_from_that_submodel(exit_index):
     drafter.use_fixed_exit(exit_layer)
     assert drafter.config.targets[0]["thresholds"] == drafter.config.default_thresholds == drafter.thresholds
     prompt = random_prompt(10)
+    sessions, new_session = [], drafter.new_drafting_session
+    drafter.new_drafting_session = lambda *args, **kwargs: sessions.append(new_session(*args, **kwargs)) or sessions[-1]
     out = target.generate(prompt, assistant_model=drafter, max_new_tokens=16, do_sample=False, tree_depth=3)
     assert torch.equal(out, plain_generate(target, prompt, max_new_tokens=16, do_sample=False))
-    counts = drafter.last_exit_counts
+    exits = drafter.last_generation_stats.early_exits
+    counts = exits.exit_counts
     assert counts[exit_index] > 0 and sum(counts) == counts[exit_index], counts
-    session = drafter.last_drafting_session
-    assert session.head_calls == sum(counts)
+    assert exits.head_calls == sum(counts)
+    (session,) = sessions
     # the layers beyond the exit never run
     assert session.done[exit_index + 1 :] == [0] * (len(counts) - exit_index - 1)
 
@@ -174,7 +177,7 @@ def test_sampling_keeps_target_distribution(thresholds, warp):
         out = target.generate(prompt, assistant_model=drafter, max_new_tokens=3, do_sample=True, top_k=None,
                               tree_depth=3, **warp)  # fmt: skip
         counts[tuple(out[0, prompt.shape[1]:].tolist())] += 1
-        totals = [a + b for a, b in zip(totals, drafter.last_exit_counts)]
+        totals = [a + b for a, b in zip(totals, drafter.last_generation_stats.early_exits.exit_counts)]
         accepted += sum(drafter.last_generation_stats.accepted_lengths)
     assert chi_square_pvalue(counts, exact) > P_VALUE_FLOOR
     assert sum(t > 0 for t in totals) >= 2, totals

@@ -163,6 +163,7 @@ def drafter_stats(drafter) -> Callable[[], dict[str, Any]]:
             "accepted_lengths": list(s.accepted_lengths),
             "accepted_from_ngram": s.accepted_from_ngram,
             "acceptance_by_position": [float(x) for x in s.acceptance_by_position()],
+            **({"exit_counts": list(s.early_exits.exit_counts)} if s.early_exits is not None else {}),
         }
 
     return stats
@@ -203,12 +204,6 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
             "max_match", "min_match", "num_draft_tokens", "max_depth", "max_branches", "max_occurrences")})  # fmt: skip
     if fixed_exit is not None:
         info["fixed_exit"] = fixed_exit
-    if hasattr(drafter, "last_exit_counts"):
-
-        def stats_with_exits() -> dict[str, Any]:
-            return {**stats(), "exit_counts": list(drafter.last_exit_counts or [])}
-
-        return Method(name, {"assistant_model": drafter, **tree, **options}, stats_with_exits, info)
     return Method(name, {"assistant_model": drafter, **tree, **options}, stats, info)
 
 

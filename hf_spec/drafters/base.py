@@ -11,6 +11,7 @@ from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from .. import compat, draft_vocab
 from ..tree.dynamic import TreeShape
+from .session import DraftingSession
 
 
 CHECKPOINT_FORMAT_VERSION = "0.1"
@@ -178,19 +179,26 @@ class SpecDrafterModel(PreTrainedModel):
         return drafter.bind(target)
 
     def bind(self, target: PreTrainedModel):
-        """Validate ``target``, borrow its embedding and LM head, and move to its device and dtype."""
+        """Make the drafter serve ``target`` (``generate()`` does it for an unbound drafter): the family's
+        step (:meth:`_attach_target`: validate ``target`` and borrow its embedding and LM head), then the
+        draft vocabulary is checked against its vocabulary and the drafter moves to its device and dtype."""
+        self._attach_target(target)
+        if self.has_draft_vocab:
+            draft_vocab.validate(self.d2t, self.t2d, target.config.get_text_config().vocab_size)
+        if self.device != target.device or self.dtype != target.dtype:
+            self.to(device=target.device, dtype=target.dtype)
+        self._bound_target_config = target.config
+        return self
+
+    def _attach_target(self, target: PreTrainedModel) -> None:
+        """What :meth:`bind` takes from ``target``, per family: here, check that it is this drafter's
+        target and borrow its input embedding and LM head (a family that borrows nothing overrides it)."""
         self.config.check_target(target)
         embedding = target.get_input_embeddings()
         lm_head = target.get_output_embeddings()
         if embedding is None or lm_head is None:
             raise ValueError(f"{type(target).__name__} has no input embedding or LM head; it cannot be a target.")
-        if self.has_draft_vocab:
-            draft_vocab.validate(self.d2t, self.t2d, target.config.get_text_config().vocab_size)
-        if self.device != target.device or self.dtype != target.dtype:
-            self.to(device=target.device, dtype=target.dtype)
         self._borrowed = (embedding, lm_head)
-        self._bound_target_config = target.config
-        return self
 
     @property
     def is_bound(self) -> bool:
@@ -322,14 +330,14 @@ class SpecDrafterModel(PreTrainedModel):
 
     def new_drafting_session(
         self, target: PreTrainedModel, shape: TreeShape, do_sample: bool, temperature: float, prompt_ids: torch.Tensor
-    ):
-        """Per-generation drafting state; each drafter family implements it.
+    ) -> DraftingSession:
+        """Per-generation drafting state of one sequence; each drafter family implements it.
 
-        The session's ``propose(features, next_tokens) -> DraftTree`` is called once per cycle
-        with the target features of the newly committed positions and, for each, the token
-        that follows it (the last one is the new root). ``prompt_ids`` (1, L) is the prompt, for
-        token-level drafters that also need its first token. ``forward_seconds`` accumulates
-        the time spent in drafter forwards.
+        Returns a :class:`~hf_spec.drafters.session.DraftingSession` subclass, whose
+        ``propose(features, next_tokens) -> DraftTree`` is called once per cycle with the target
+        features of the newly committed positions and, for each, the token that follows it (the
+        last one is the new root). ``prompt_ids`` (1, L) is the prompt, for token-level drafters
+        that also need its first token.
         """
         raise NotImplementedError
 

@@ -27,6 +27,7 @@ from .base import SpecDrafterConfig, SpecDrafterModel
 from .layer_config import decoder_layer_config
 from .ngram import NGramBranches
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
+from .session import DraftingSession, check_ngram_branches
 
 DECODER_LAYERS = {
     "llama": (LlamaDecoderLayer, LlamaRotaryEmbedding),
@@ -283,14 +284,7 @@ def positions_and_mask(x: torch.Tensor, position_ids, attention_mask, past_key_v
     return position_ids, attention_mask
 
 
-def check_ngram_branches(value) -> int:
-    """``value`` if it is a valid ``ngram_branches`` (an integer >= 0), else a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"ngram_branches must be an integer >= 0 (0: off), got {value!r}.")
-    return value
-
-
-class EagleDraftingSession:
+class EagleDraftingSession(DraftingSession):
     """Drafting state of one generate() call: the drafter's KV cache of committed positions.
 
     Drafter position t holds the pair (target feature f_t, token x_{t+1}). Each cycle,
@@ -301,6 +295,8 @@ class EagleDraftingSession:
     (:meth:`graft_ngram`); those nodes never run through the drafter, so its cache holds only
     committed pairs, as without them.
     """
+
+    supports_ngram_branches = True
 
     def __init__(self, drafter: EagleDrafter, shape: TreeShape, do_sample: bool, temperature: float, prompt_ids=None):
         self.drafter = drafter
@@ -315,6 +311,11 @@ class EagleDraftingSession:
         """N-gram nodes grafted per tree (0: off); set before the first :meth:`propose`."""
         self.prompt_ids = prompt_ids
         self._ngram = None
+
+    @property
+    def supports_router(self) -> bool:
+        """A CORAL LM-head router to draft through: only drafters that have one."""
+        return self.drafter.router is not None
 
     def graft_ngram(self, tree: DraftTree, next_tokens: torch.Tensor) -> DraftTree:
         """Index the committed ``next_tokens`` and graft up to ``ngram_branches`` n-gram nodes

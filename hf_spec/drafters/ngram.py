@@ -43,6 +43,7 @@ from .. import timing
 from ..tree.dynamic import TreeShape
 from ..tree.tree import DraftTree
 from .base import SpecDrafterConfig, SpecDrafterModel
+from .session import DraftingSession
 
 
 class NGramIndex:
@@ -436,7 +437,7 @@ class NGramDrafter(SpecDrafterModel):
         return NGramDraftingSession(self.config, shape, prompt_ids, datastore=self.ngram_datastore)
 
 
-class NGramDraftingSession:
+class NGramDraftingSession(DraftingSession):
     """Drafting state of one generate() call: the n-gram index of prompt + generated tokens.
 
     :meth:`propose` gets the committed tokens of each cycle (on the first call: the prompt

@@ -61,11 +61,13 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .. import compat, draft_vocab, timing
+from ..stats import EarlyExitStats
 from ..tree.dynamic import TreeShape, draw_candidates
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .eagle import _NOT_LAYER_FIELDS, DECODER_LAYERS
 from .layer_config import decoder_layer_config
+from .session import DraftingSession
 
 DEFAULT_THRESHOLDS_FRACTIONS = (0.9, 0.7)
 """Default thresholds of the non-final exits, first exit first (the last exit always accepts)."""
@@ -221,9 +223,10 @@ class SortedDrafter(SpecDrafterModel):
     """S2D sorted drafter: embedding -> first L layers of a source LM, exits sharing norm + LM head.
 
     Build one with :meth:`from_source_model`; load a trained one with ``from_pretrained``.
-    Binding (``generate()`` does it) only validates the target and picks its thresholds;
-    :attr:`thresholds` may be overridden afterwards. After a generation,
-    :attr:`last_exit_counts` holds how many draft tokens left at each exit.
+    Binding (``generate()`` does it) borrows nothing: it checks the target's vocabulary and
+    selects its thresholds (:meth:`select_thresholds`); :attr:`thresholds` may be overridden
+    afterwards. After a generation, ``last_generation_stats.early_exits`` holds how many draft
+    tokens left at each exit and the drafter's layer and head calls.
     """
 
     config_class = SortedDrafterConfig
@@ -242,8 +245,6 @@ class SortedDrafter(SpecDrafterModel):
         self.lm_head = nn.Linear(hidden, config.target_vocab_size, bias=False)
         self._bound_target = None
         self.thresholds = list(config.default_thresholds)
-        self.last_exit_counts = None
-        self.last_drafting_session = None
         self.post_init()
 
     # -- construction -------------------------------------------------------------------------
@@ -307,16 +308,15 @@ class SortedDrafter(SpecDrafterModel):
         return self.lm_head
 
     # -- binding: validate + pick thresholds; nothing is borrowed ---------------------------------
-    def bind(self, target: PreTrainedModel):
-        """Check ``target``'s vocabulary, take its thresholds from ``config.targets``, move to its device/dtype."""
-        self.thresholds = self.config.thresholds_for(target)
-        if self.has_draft_vocab:
-            draft_vocab.validate(self.d2t, self.t2d, target.config.get_text_config().vocab_size)
-        if self.device != target.device or self.dtype != target.dtype:
-            self.to(device=target.device, dtype=target.dtype)
+    def _attach_target(self, target: PreTrainedModel) -> None:
+        """:meth:`bind`'s family step: nothing is borrowed; the target's thresholds are selected."""
+        self.select_thresholds(target)
         self._bound_target = weakref.ref(target)
-        self._bound_target_config = target.config
-        return self
+
+    def select_thresholds(self, target: PreTrainedModel) -> list[float]:
+        """Check ``target``'s vocabulary and make its thresholds (``config.targets``, else the defaults) active."""
+        self.thresholds = self.config.thresholds_for(target)
+        return self.thresholds
 
     @property
     def is_bound(self) -> bool:
@@ -416,10 +416,7 @@ class SortedDrafter(SpecDrafterModel):
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         if prompt_ids is None:
             raise ValueError("SortedDrafter drafts from tokens and needs the prompt (prompt_ids).")
-        session = SortedDraftingSession(self, shape, do_sample, temperature, prompt_ids)
-        self.last_exit_counts = session.exit_counts
-        self.last_drafting_session = session
-        return session
+        return SortedDraftingSession(self, shape, do_sample, temperature, prompt_ids)
 
     # -- plain transformers assistant ---------------------------------------------------------------
     def to_causal_lm(self, exit_layer: int | None = None) -> PreTrainedModel:
@@ -450,13 +447,14 @@ class SortedDrafter(SpecDrafterModel):
         return lm.to(self.device).eval()
 
 
-class SortedDraftingSession:
+class SortedDraftingSession(DraftingSession):
     """Drafting state of one generate() call: adaptive early-exit chain drafting with lazy catch-up.
 
     Token position t holds committed token x_t; the drafter's output there predicts x_{t+1}.
     See the module docstring for the KV-cache scheme. ``exit_counts[i]``: draft tokens that
     left at exit i; ``last_exits``: the exit of each token of the last draft; cost counters
-    ``layer_calls`` (layer forwards, whatever the number of positions) and ``head_calls``.
+    ``layer_calls`` (layer forwards, whatever the number of positions) and ``head_calls``;
+    :meth:`record` puts them into the row's stats (``early_exits``).
     """
 
     def __init__(self, drafter: SortedDrafter, shape: TreeShape, do_sample, temperature, prompt_ids):
@@ -478,6 +476,10 @@ class SortedDraftingSession:
         self.layer_calls = 0
         self.head_calls = 0
         self.forward_seconds = 0.0
+
+    def record(self, stats) -> None:
+        super().record(stats)
+        stats.early_exits = EarlyExitStats(list(self.exit_counts), self.layer_calls, self.head_calls)
 
     def _run_segment(self, s: int, hidden: torch.Tensor) -> torch.Tensor:
         """Segment s over ``hidden`` (n, H), the inputs of positions done[s].. ; returns outputs (n, H)."""
@@ -645,12 +647,12 @@ def search_thresholds(
                 target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens,
                                 **generate_kwargs)  # fmt: skip
                 seconds += timing.clock(drafter.device) - start
-                session = drafter.last_drafting_session
                 stats = drafter.last_generation_stats
+                exits = stats.early_exits
                 tokens += stats.new_tokens
                 cycles += stats.cycles + 1  # + the prefill
-                drafter_cost += session.layer_calls * layer_cost + session.head_calls * head_cost
-                counts = [a + b for a, b in zip(counts, session.exit_counts)]
+                drafter_cost += exits.layer_calls * layer_cost + exits.head_calls * head_cost
+                counts = [a + b for a, b in zip(counts, exits.exit_counts)]
             proxy = tokens / (cycles + drafter_cost / target_cost)
             results.append(dict(thresholds=list(thresholds), proxy=proxy, tokens_per_second=tokens / max(seconds, 1e-9),
                                 new_tokens=tokens, cycles=cycles, exit_counts=counts))  # fmt: skip

@@ -1,0 +1,56 @@
+"""The drafting-session contract between the decoding loop and every drafter family.
+
+A drafter's ``new_drafting_session(...)`` returns a :class:`DraftingSession` subclass: the
+drafting state of ONE sequence (one batch row) for one ``generate()`` call. The loop calls
+:meth:`~DraftingSession.propose` once per cycle, sets the per-call options it declares
+(:attr:`~DraftingSession.ngram_branches`, :attr:`~DraftingSession.use_router`) before the first
+call when the session supports them, and at the end lets the session add its own counters to
+the row's stats (:meth:`~DraftingSession.record`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from ..tree.tree import DraftTree
+
+
+def check_ngram_branches(value) -> int:
+    """``value`` if it is a valid ``ngram_branches`` (an integer >= 0), else a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"ngram_branches must be an integer >= 0 (0: off), got {value!r}.")
+    return value
+
+
+class DraftingSession:
+    """Drafting state of one sequence in one generate() call (subclass per drafter family).
+
+    Capabilities the loop checks before setting a per-call option (no attribute probing):
+    ``supports_ngram_branches`` (the session grafts context n-gram branches into its trees)
+    and ``supports_router`` (it can draft through a CORAL LM-head router; a family may make it
+    a property of the drafter instance).
+    """
+
+    supports_ngram_branches: ClassVar[bool] = False
+    supports_router: bool = False
+
+    forward_seconds: float = 0.0
+    """Seconds spent drafting (drafter forwards, n-gram lookups), accumulated by :meth:`propose`."""
+    ngram_branches: int = 0
+    """N-gram nodes grafted per tree (0: off); only meaningful when ``supports_ngram_branches``."""
+    use_router: bool | None = None
+    """Draft through the LM-head router (None: the session has none); only when ``supports_router``."""
+
+    def propose(self, features: torch.Tensor | None, next_tokens: torch.Tensor) -> DraftTree:
+        """Commit the pairs the last verification accepted and draft the next tree.
+
+        ``features`` (m, ·): the target's features of the m newly committed positions (what the
+        drafter reads of them; token-level drafters ignore them); ``next_tokens`` (m,): the token
+        that follows each; the last one is the new root of the returned tree."""
+        raise NotImplementedError
+
+    def record(self, stats) -> None:
+        """Add this session's counters to its row's :class:`~hf_spec.stats.GenerationStats` at the end of a call."""
+        stats.drafter_forward_seconds += self.forward_seconds
