@@ -225,6 +225,23 @@ def test_sampled_distribution_equals_target(warp, monkeypatch):
     assert mixed  # rows with both point masses and sampled candidates occur
 
 
+def test_sampled_distribution_with_copy_cycles_equals_target(monkeypatch):
+    """The copy budget depends on the committed text only, so the sampled law stays the target's."""
+    target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_copy_nodes=4, ngram_depth=3)
+    trees = capture_trees(monkeypatch)
+    counts = torch.zeros([VOCAB] * 3)
+    torch.manual_seed(4321)
+    for _ in range(1500):
+        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter,
+                              max_new_tokens=3, do_sample=True, top_k=None, tree_depth=2, tree_top_k=2,
+                              tree_total_tokens=2)  # fmt: skip
+        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
+    p_value = chi_square_pvalue(counts, exact)
+    assert p_value > P_VALUE_FLOOR, p_value
+    assert any(len(grafted) - len(base) > 1 for base, grafted in trees)  # copy cycles occurred
+
+
 def test_bench_method_suffix():
     from hf_spec.bench.harness import parse_method
 
@@ -241,3 +258,22 @@ def test_bench_method_suffix():
     target.generate(prompt, max_new_tokens=10, **method.generate_kwargs)
     assert model_drafter.last_generation_stats.accepted_from_ngram > 0
     assert method.stats()["accepted_from_ngram"] == model_drafter.last_generation_stats.accepted_from_ngram
+
+
+def test_copy_cycles_graft_longer_chains_and_stay_lossless(monkeypatch):
+    """ngram_copy_nodes: a cycle whose context repeats the whole max_match suffix grafts up to that many
+    n-gram nodes (a copy), other cycles ngram_branches; greedy output equals plain either way."""
+    target = make_target("llama")
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    shape = dict(tree_depth=2, tree_top_k=2, tree_total_tokens=2)
+    new_nodes = {}
+    for copy in (0, 8):
+        drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_depth=8, ngram_copy_nodes=copy)
+        trees = capture_trees(monkeypatch)
+        assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=40, **shape), expected)
+        new_nodes[copy] = [len(grafted) - len(base) for base, grafted in trees]
+        assert max(new_nodes[copy]) <= max(2, copy)
+    assert max(new_nodes[0]) == 2 and max(new_nodes[8]) > 2  # the repetitive prompt makes copies certain
+    with pytest.raises(ValueError, match="ngram_copy_nodes"):
+        hf_spec.EagleDrafter.from_target(target, ngram_copy_nodes=-1)

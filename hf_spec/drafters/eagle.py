@@ -61,6 +61,10 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_depth: deepest grafted n-gram node (None: the drafter tree's depth). N-gram
             continuations cost no drafter forward, only verification rows, so they may reach
             deeper than the drafter's own (tuned, often shallow) tree.
+        ngram_copy_nodes: on a cycle whose context repeats the whole ``max_match``-token
+            suffix (4 tokens: the text is being copied, e.g. an edit of code in the prompt), up to
+            this many n-gram nodes are grafted instead of ``ngram_branches`` (0: no such boost),
+            so copies get the long chains prompt lookup would draft while other cycles stay cheap.
     """
 
     model_type = "hf_spec_eagle"
@@ -75,9 +79,11 @@ class EagleDrafterConfig(SpecDrafterConfig):
         use_router: bool = True,
         ngram_branches: int = 0,
         ngram_depth: int | None = None,
+        ngram_copy_nodes: int = 0,
         **kwargs,
     ):
         self.ngram_branches = check_ngram_branches(ngram_branches)
+        self.ngram_copy_nodes = check_ngram_branches(ngram_copy_nodes, "ngram_copy_nodes")
         if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
             raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
         self.ngram_depth = ngram_depth
@@ -329,7 +335,8 @@ class EagleDraftingSession(DraftingSession):
             self._ngram = NGramBranches(self.prompt_ids, datastore=self.drafter.ngram_datastore)
         self._ngram.extend(next_tokens)
         tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample,
-                                 depth=getattr(self.drafter.config, "ngram_depth", None))  # fmt: skip
+                                 depth=getattr(self.drafter.config, "ngram_depth", None),
+                                 copy_branches=getattr(self.drafter.config, "ngram_copy_nodes", 0))  # fmt: skip
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
 

@@ -35,6 +35,7 @@ this law: every emitted token follows the target's distribution exactly.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -335,15 +336,22 @@ class NGramBranches:
         """Index newly committed tokens (one host read)."""
         self.index.extend(next_tokens.tolist())
 
-    def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None) -> DraftTree:
+    def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None,
+              copy_branches: int = 0) -> DraftTree:  # fmt: skip
         """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: branching, and depth unless
-        ``depth`` reaches deeper)."""
+        ``depth`` reaches deeper); up to ``copy_branches`` instead when the context repeats its whole
+        ``max_match``-token suffix (a copy). The budget depends on the committed text only."""
         if branches <= 0:
             return tree
         depth = max(shape.depth, depth or 0)
-        num_nodes = branches if sample else branches + len(tree) - 1
         continuations = continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences)
-        trie = build_trie(continuations, num_nodes, depth, shape.top_k)
+        first = next(continuations, None)
+        if first is None:
+            return tree
+        if first.position >= 0 and first.match_length >= self.index.max_match:  # the context's own copy
+            branches = max(branches, copy_branches)
+        num_nodes = branches if sample else branches + len(tree) - 1
+        trie = build_trie(itertools.chain([first], continuations), num_nodes, depth, shape.top_k)
         return graft_trie(tree, trie, max_new=None if sample else branches)
 
 

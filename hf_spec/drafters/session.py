@@ -17,10 +17,10 @@ import torch
 from ..tree.tree import DraftTree
 
 
-def check_ngram_branches(value) -> int:
-    """``value`` if it is a valid ``ngram_branches`` (an integer >= 0), else a ValueError."""
+def check_ngram_branches(value, name: str = "ngram_branches") -> int:
+    """``value`` if it is a valid n-gram node count (an integer >= 0), else a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"ngram_branches must be an integer >= 0 (0: off), got {value!r}.")
+        raise ValueError(f"{name} must be an integer >= 0 (0: off), got {value!r}.")
     return value
 
 
