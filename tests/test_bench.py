@@ -122,6 +122,8 @@ def test_harness_end_to_end_on_tiny_models(tiny_models, tmp_path):
     # The hf_spec drafter reports its own acceptance by draft position and its time per cycle.
     assert isinstance(summary["all"][names[3]]["acceptance_by_position"], list)
     assert summary["all"][names[3]]["draft_ms_per_cycle"] > 0 and summary["all"]["plain"]["draft_ms_per_cycle"] is None
+    # ... and how many tree tokens each verification forward carried (the root counts; a tree can exceed τ's tokens).
+    assert summary["all"][names[3]]["verified_per_cycle"] >= 1 and summary["all"]["plain"]["verified_per_cycle"] is None
 
     metadata = run_metadata(settings, dtype, command="pytest", target="tiny", methods=names)
     paths = write_report(tmp_path / "out", metadata, summary, rows)

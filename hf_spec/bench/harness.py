@@ -162,6 +162,7 @@ def drafter_stats(drafter) -> Callable[[], dict[str, Any]]:
             "target_forward_seconds": s.target_forward_seconds,
             "accepted_lengths": list(s.accepted_lengths),
             "accepted_from_ngram": s.accepted_from_ngram,
+            "verified_tokens": sum(s.tree_sizes),
             "acceptance_by_position": [float(x) for x in s.acceptance_by_position()],
             **({"exit_counts": list(s.early_exits.exit_counts)} if s.early_exits is not None else {}),
         }
@@ -354,7 +355,8 @@ def summarize(rows: list[dict], methods: Sequence[str]) -> dict[str, dict[str, d
     tokens/s over plain's on the same prompt (robust to bursts of load); ``tau`` = total tokens / total target forwards (pure prefills
     excluded); ``identical`` = outputs token-identical to plain, out of ``prompts``;
     ``draft_ms_per_cycle`` / ``verify_ms_per_cycle`` (hf_spec drafters) = the drafter's / the
-    target's forward time per drafting-verification cycle.
+    target's forward time per drafting-verification cycle; ``verified_per_cycle`` = tree tokens
+    (root included) per verification forward, what sets its cost.
     """
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     summary: dict[str, dict[str, dict]] = {}
@@ -382,6 +384,8 @@ def summarize(rows: list[dict], methods: Sequence[str]) -> dict[str, dict[str, d
                                     ("verify_ms_per_cycle", "target_forward_seconds")):  # fmt: skip
                 timed = sum(r.get(field_name) or 0.0 for r in sel)
                 summary[ds][m][key] = 1000 * timed / cycles if cycles else None
+            verified = sum(r.get("verified_tokens") or 0 for r in sel)
+            summary[ds][m]["verified_per_cycle"] = verified / cycles if cycles and verified else None
         base = summary[ds].get("plain")
         for m, s in summary[ds].items():
             s["speedup"] = s["tokens_per_s"] / base["tokens_per_s"] if base and s["tokens_per_s"] else None

@@ -17,15 +17,15 @@ def markdown_table(summary: dict[str, dict[str, dict]]) -> str:
     """One row per data set and method: tokens/s, speedup, τ, draft/verify ms per cycle, identical outputs."""
     lines = [
         "| data set | method | prompts | new tokens | tokens/s | speedup | wall speedup | median per-prompt speedup | τ "
-        "| draft ms/cycle | verify ms/cycle | identical to plain |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| verified tokens/cycle | draft ms/cycle | verify ms/cycle | identical to plain |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for dataset, methods in summary.items():
         for method, s in methods.items():
             lines.append(
                 f"| {dataset} | {method} | {s['prompts']} | {s['new_tokens']} | {_fmt(s['tokens_per_s'], '.1f')} "
                 f"| {_fmt(s['speedup'], '.2f')}× | {_fmt(s['wall_speedup'], '.2f')}× | {_fmt(s['median_speedup'], '.2f')}× "
-                f"| {_fmt(s['tau'], '.2f')} "
+                f"| {_fmt(s['tau'], '.2f')} | {_fmt(s.get('verified_per_cycle'), '.1f')} "
                 f"| {_fmt(s.get('draft_ms_per_cycle'), '.1f')} | {_fmt(s.get('verify_ms_per_cycle'), '.1f')} "
                 f"| {s['identical']}/{s['prompts']} |"
             )
