@@ -157,6 +157,19 @@ def test_too_deep_tree_names_the_fix():
         target.generate(random_prompt(), assistant_model=drafter, max_new_tokens=4, tree_depth=4)
 
 
+def test_configured_total_tokens_caps_the_static_tree():
+    """A config's tree_total_tokens smaller than the static tree prunes it by default (a shipped shape);
+    a larger one keeps the whole tree; an explicit tree_total_tokens wins."""
+    target = make_target("llama")
+    drafter = hf_spec.ParallelDrafter.from_target(target, num_mask_tokens=2, tree_widths=[2, 1], tree_total_tokens=3)
+    assert drafter.tree_shape().total_tokens == 3 and drafter.tree_shape(total_tokens=4).total_tokens == 4
+    drafter.generation_config.tree_total_tokens = 60
+    assert drafter.tree_shape().total_tokens == 4  # widths [2, 1]: 2 + 2 nodes
+    prompt = random_prompt()
+    assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=12, do_sample=False,
+                                       tree_total_tokens=3), plain_generate(target, prompt, max_new_tokens=12))  # fmt: skip
+
+
 def _target_outputs(target, num_sequences, length, do_sample, seed=0):
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(1, target.config.vocab_size, (num_sequences, 4), generator=g)
