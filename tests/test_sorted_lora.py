@@ -144,3 +144,27 @@ def test_sorted_trainer_trains_the_adapters(tmp_path):
         after = float(drafter(batch["input_ids"], labels=batch["labels"]).loss)
     assert after < before, (before, after)
     assert torch.equal(drafter.layers[0].self_attn.q_proj.base_layer.weight, frozen)
+
+
+def test_trainer_checkpoints_hold_only_adapters_and_resume(tmp_path):
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from hf_spec.training.sorted_trainer import SortedTrainer, SortedTrainingConfig, pad_collator
+
+    pattern = torch.randint(1, 128, (8,), generator=torch.Generator().manual_seed(0))
+    rows = [{"input_ids": pattern.roll(i).repeat(3).tolist(), "labels": pattern.roll(i).repeat(3).tolist()}
+            for i in range(8)]  # fmt: skip
+    args = SortedTrainingConfig(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=8,
+                                gradient_accumulation_steps=1, learning_rate=1e-2, warmup_ratio=0.0, save_strategy="steps",
+                                save_steps=3, logging_strategy="no", use_cpu=True, dataloader_num_workers=0)  # fmt: skip
+    _, drafter = lora_drafter()
+    SortedTrainer(model=drafter.train(), args=args, train_dataset=rows, data_collator=pad_collator(0)).train()
+    last = get_last_checkpoint(str(tmp_path))
+    with safe_open(f"{last}/model.safetensors", "pt") as f:
+        assert all(".lora_" in k or k.startswith("norm.") for k in f.keys())
+    _, fresh = lora_drafter()
+    SortedTrainer(model=fresh.train(), args=args, train_dataset=rows, data_collator=pad_collator(0)).train(
+        resume_from_checkpoint=last
+    )
+    for mine, theirs in zip(fresh.state_dict().items(), drafter.state_dict().items()):
+        assert mine[0] == theirs[0] and torch.equal(mine[1], theirs[1]), mine[0]

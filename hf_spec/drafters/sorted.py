@@ -366,8 +366,15 @@ class SortedDrafter(SpecDrafterModel):
         self.layers.to(dtype)
         self.requires_grad_(False)
         for name, param in self.named_parameters():
-            if ".lora_" in name or name.startswith("norm."):
+            if self._saved_with_lora(name):
                 param.requires_grad_(True)
+        # borrowed weights: left out of every save (Trainer checkpoints too), so a resume expects them missing
+        self._keys_to_ignore_on_save = {k for k in self.state_dict() if not self._saved_with_lora(k)}
+
+    @staticmethod
+    def _saved_with_lora(key: str) -> bool:
+        """Whether a LoRA drafter's checkpoint holds ``key``: adapters, the final (exit) norm, the draft map."""
+        return ".lora_" in key or key.startswith("norm.") or key in ("d2t", "t2d")
 
     def _lora_modules(self):
         from peft.tuners.lora import LoraLayer
@@ -498,8 +505,7 @@ class SortedDrafter(SpecDrafterModel):
         """With LoRA adapters (:meth:`add_lora`): only adapters, the final norm and the draft-vocabulary
         map are written; the rest is the source model's, borrowed at bind time."""
         if self.config.lora is not None and kwargs.get("state_dict") is None:
-            kwargs["state_dict"] = {k: v for k, v in self.state_dict().items()
-                                    if ".lora_" in k or k.startswith("norm.") or k in ("d2t", "t2d")}  # fmt: skip
+            kwargs["state_dict"] = {k: v for k, v in self.state_dict().items() if self._saved_with_lora(k)}
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     def _init_weights(self, module):
