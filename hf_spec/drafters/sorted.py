@@ -493,13 +493,20 @@ class SortedDrafter(SpecDrafterModel):
                 for key, value in theirs.state_dict().items():
                     if key in targets:
                         targets[key].copy_(value)
-            self.embed_tokens.weight = source.get_input_embeddings().weight  # shared, frozen
+            self.embed_tokens.weight = self._borrowed_parameter(source.get_input_embeddings().weight)
             if not self.config.tie_word_embeddings:
-                self.lm_head.weight = source.get_output_embeddings().weight
+                self.lm_head.weight = self._borrowed_parameter(source.get_output_embeddings().weight)
             else:
                 self.lm_head.weight = self.embed_tokens.weight
         self._draft_head = None
         self._source_loaded = True
+
+    def _borrowed_parameter(self, weight: torch.Tensor) -> nn.Parameter:
+        """The source's (frozen) matrix: shared when it already has the drafter's dtype and device, else a converted copy."""
+        layer_weight = next(self.layers.parameters())
+        if weight.dtype == layer_weight.dtype and weight.device == layer_weight.device and isinstance(weight, nn.Parameter):
+            return weight if not weight.requires_grad else nn.Parameter(weight.detach(), requires_grad=False)
+        return nn.Parameter(weight.detach().to(device=layer_weight.device, dtype=layer_weight.dtype), requires_grad=False)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """With LoRA adapters (:meth:`add_lora`): only adapters, the final norm and the draft-vocabulary
