@@ -242,3 +242,76 @@ def test_search_thresholds_picks_and_records_the_best():
     by = {tuple(r["thresholds"]): r for r in results}
     assert by[(0.0, 0.0, 0.0)]["exit_counts"][1:] == [0, 0]
     assert by[(2.0, 2.0, 0.0)]["exit_counts"][:2] == [0, 0]
+
+
+# -- draft vocabulary (issue #16 item 1): exits score D rows, verification stays over the full vocabulary --
+def test_greedy_with_a_draft_vocabulary_equals_plain_generate_qwen2():
+    target, drafter = sorted_pair("qwen2", thresholds=(0.9, 0.9, 0.0))
+    prompts = torch.cat([random_prompt(6, seed=100 + s) for s in range(8)])
+    counts = torch.bincount(plain_generate(target, prompts, max_new_tokens=16, do_sample=False)[:, 6:].reshape(-1),
+                            minlength=128)  # fmt: skip
+    drafter.set_draft_vocab(counts, 40)
+    outside = accepted = 0
+    for seed in (1, 2, 3):
+        prompt = random_prompt(10, seed=seed)
+        expected = plain_generate(target, prompt, max_new_tokens=24, do_sample=False)
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=24, do_sample=False, tree_depth=4)
+        assert torch.equal(out, expected)
+        outside += int((~drafter.t2d[expected[0, 10:]]).sum())
+        accepted += sum(drafter.last_generation_stats.accepted_lengths)
+    assert outside > 0, "the target never chose a token outside the draft vocabulary: the test means nothing"
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("warp", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)])
+def test_sampling_with_a_draft_vocabulary_keeps_target_distribution(warp):
+    target, drafter = sorted_pair("qwen2", vocab_size=VOCAB, logit_scale=8.0, seed=3, thresholds=(0.3, 0.5, 0.0))
+    prompt = random_prompt(length=6, vocab_size=VOCAB, seed=11)
+    with torch.no_grad():
+        first = torch.softmax(target(prompt).logits[0, -1].float(), -1)
+    order = first.argsort(descending=True)
+    drafter.set_draft_vocab(order[1:9])  # the target's most likely first token is outside the draft vocabulary
+    assert not drafter.t2d[first.argmax()] and drafter.config.draft_vocab_size == 8
+    exact = exact_joint(target, prompt, warpers(**warp))
+    torch.manual_seed(1234)
+    counts = torch.zeros([VOCAB] * 3)
+    accepted = 0
+    for _ in range(1200):
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=3, do_sample=True, top_k=None,
+                              tree_depth=3, **warp)  # fmt: skip
+        counts[tuple(out[0, prompt.shape[1]:].tolist())] += 1
+        accepted += sum(drafter.last_generation_stats.accepted_lengths)
+    assert chi_square_pvalue(counts, exact) > P_VALUE_FLOOR
+    assert counts[first.argmax()].sum() > 0  # tokens outside the draft vocabulary are still emitted
+    assert accepted > 0
+
+
+def test_label_token_counts_and_trainer_with_a_draft_vocabulary(tmp_path):
+    from hf_spec.training.losses import sorted_loss
+    from hf_spec.training.sorted_trainer import SortedTrainer, SortedTrainingConfig, label_token_counts, pad_collator
+
+    rows = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [7, 7], "labels": [-100, 7]}]
+    counts = label_token_counts(rows, 10)
+    assert counts.tolist() == [0, 0, 0, 0, 0, 0, 1, 2, 0, 0]
+    _, drafter = sorted_pair(num_layers=2, exits=(1, 2), thresholds=(0.5, 0.0))
+    g = torch.Generator().manual_seed(0)
+    pattern = torch.randint(1, 128, (8,), generator=g)
+    rows = [{"input_ids": pattern.roll(i).repeat(3).tolist(), "labels": pattern.roll(i).repeat(3).tolist()}
+            for i in range(8)]  # fmt: skip
+    drafter.set_draft_vocab(label_token_counts(rows, 128), 6)  # two of the 8 pattern tokens fall outside
+    drafter.get_input_embeddings().weight.requires_grad_(False)
+    drafter.get_output_embeddings().weight.requires_grad_(False)
+    batch = pad_collator(0)(rows)
+    assert (drafter.exit_labels(batch["labels"]) == -100).any()
+    with torch.no_grad():
+        before = float(drafter(batch["input_ids"], labels=batch["labels"]).loss)
+    args = SortedTrainingConfig(output_dir=str(tmp_path), max_steps=15, per_device_train_batch_size=8,
+                                gradient_accumulation_steps=1, learning_rate=3e-3, warmup_ratio=0.0, bf16=True,
+                                save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0)  # fmt: skip
+    SortedTrainer(model=drafter.train(), args=args, train_dataset=rows, data_collator=pad_collator(0)).train()
+    drafter.eval()
+    with torch.no_grad():
+        after = float(drafter(batch["input_ids"], labels=batch["labels"]).loss)
+    assert after < 0.5 * before, (before, after)
+    all_outside = torch.full_like(batch["labels"], -100)
+    assert float(sorted_loss(drafter(batch["input_ids"]).logits_per_exit, all_outside)) == 0.0

@@ -7,6 +7,14 @@ serves the packaged Qwen2.5-Coder-1.5B and the 0.5B itself):
         --num_layers 8 --exits 4 6 8 --dataset sharegpt \
         --targets qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct --output_dir runs/s2d-qwen
 
+CPU-feasible options (issue #16): ``--draft_vocab_size 32768`` makes every exit score only the
+32k most frequent label tokens of the training data (the head is most of a step's cost; labels
+outside the draft vocabulary leave the loss, EAGLE-3's masking); the embedding and LM head stay
+frozen by default (``--no-freeze_embeddings`` trains them); bf16 autocast is on by default
+(``--bf16 False`` for fp32); ``--lora_rank 16`` trains LoRA adapters on the layers instead of the
+layers themselves and saves only adapters, norm and draft-vocabulary map (the layers are borrowed
+from the source model at bind time; see SortedDrafter.add_lora).
+
 Then pick per-target thresholds on held-out prompts with
 ``hf_spec.drafters.sorted.search_thresholds`` and save again. Resumes from the last
 checkpoint in ``--output_dir``.
@@ -14,18 +22,20 @@ checkpoint in ``--output_dir``.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 from transformers.trainer_utils import get_last_checkpoint
 
-from hf_spec import PACKAGED_MODELS, SortedDrafter, load_packaged_model, packaged_model_path
+from hf_spec import PACKAGED_MODELS, SortedDrafter, draft_vocab, load_packaged_model, packaged_model_path
 from hf_spec.bench.datasets import load_chitchat, load_sharegpt
 from hf_spec.drafters.sorted import target_entry
 from hf_spec.training.sorted_trainer import (
     SortedTrainer,
     SortedTrainingConfig,
+    label_token_counts,
     pad_collator,
     teacher_labels,
     tokenize_conversations,
@@ -61,8 +71,19 @@ def main(argv=None):
                         help="label every position with this model's greedy next token (teacher-forced "
                              "self-distillation) instead of the data's own next token; e.g. the source model")
     parser.add_argument("--teacher_dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--freeze_embeddings", action="store_true",
-                        help="keep the input embedding and LM head fixed (train layers + final norm only)")  # fmt: skip
+    parser.add_argument("--freeze_embeddings", action=argparse.BooleanOptionalAction, default=True,
+                        help="keep the input embedding and LM head fixed (train layers + final norm only); default on")
+    parser.add_argument("--draft_vocab_size", type=int, default=None,
+                        help="exits score only the N most frequent label tokens of the training data (FR-Spec/EAGLE-3 "
+                             "draft vocabulary); labels outside it leave the loss. Default: the full vocabulary")
+    parser.add_argument("--lora_rank", type=int, default=None,
+                        help="train rank-r LoRA adapters (peft) on the borrowed layers instead of the layers; the "
+                             "checkpoint holds adapters + norm + draft-vocabulary map only")
+    parser.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default 2 x rank)")  # fmt: skip
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = " ".join(argv)
+    if not any(a.split("=")[0] in ("--bf16", "--fp16") for a in argv):
+        argv += ["--bf16", "True"]  # bf16 autocast by default (fp32 master weights); --bf16 False turns it off
     training_args, extra = parser.parse_args_into_dataclasses(args=argv)  # extra: the script's own options
     source, tokenizer = _load(extra.source_model)
     drafter = SortedDrafter.from_source_model(source, num_layers=extra.num_layers, exits=extra.exits,
@@ -75,15 +96,26 @@ def main(argv=None):
         teacher = _load(extra.distill_from, getattr(torch, extra.teacher_dtype))[0].eval()
         rows = teacher_labels(teacher, rows)
         del teacher
+    coverage = None
+    if extra.draft_vocab_size and extra.draft_vocab_size < drafter.config.target_vocab_size:
+        counts = label_token_counts(rows, drafter.config.target_vocab_size)
+        drafter.set_draft_vocab(counts, extra.draft_vocab_size)
+        coverage = draft_vocab.coverage(counts, drafter.draft_ids)
+        print(f"[hf_spec] draft vocabulary: {extra.draft_vocab_size} of {drafter.config.target_vocab_size} ids cover "
+              f"{coverage:.2%} of the label tokens", flush=True)  # fmt: skip
     if extra.freeze_embeddings:
         drafter.get_input_embeddings().weight.requires_grad_(False)
         drafter.get_output_embeddings().weight.requires_grad_(False)
+    if extra.lora_rank:
+        drafter.add_lora(extra.lora_rank, alpha=extra.lora_alpha)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     trainer = SortedTrainer(model=drafter.train(), args=training_args, train_dataset=rows, data_collator=pad_collator(pad))
     last = get_last_checkpoint(training_args.output_dir) if training_args.output_dir else None
     trainer.train(resume_from_checkpoint=last)
-    info = {"datasets": [extra.dataset], "command": "training_scripts/train_s2d.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "distilled_from": extra.distill_from, "frozen_embeddings": extra.freeze_embeddings}  # fmt: skip
+    info = {"datasets": [extra.dataset], "command": "training_scripts/train_s2d.py " + command,
+            "distilled_from": extra.distill_from, "frozen_embeddings": extra.freeze_embeddings,
+            "draft_vocab_size": drafter.config.draft_vocab_size, "draft_vocab_coverage": coverage,
+            "lora_rank": extra.lora_rank, "bf16": training_args.bf16}  # fmt: skip
     drafter.eval().save_pretrained(training_args.output_dir, training_info=info)
     tokenizer.save_pretrained(training_args.output_dir)
 

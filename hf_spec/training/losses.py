@@ -238,6 +238,8 @@ def sorted_loss(logits_per_exit, labels: torch.Tensor) -> torch.Tensor:
     inputs as for a causal LM (position t predicts ``labels[:, t + 1]``), -100 ignored.
     """
     targets = labels[:, 1:].reshape(-1)
+    if not bool((targets != -100).any()):  # e.g. every label outside the draft vocabulary: no signal, not NaN
+        return sum(logits.sum() for logits in logits_per_exit) * 0.0
     losses = [
         F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets, ignore_index=-100)
         for logits in logits_per_exit

@@ -59,6 +59,17 @@ def tokenize_conversations(tokenizer, conversations, max_length: int, assistant_
     return rows
 
 
+def label_token_counts(rows: list[dict], vocab_size: int) -> torch.Tensor:
+    """How often each token id is a training label (``labels`` != -100) in ``rows``: the frequency that
+    orders a sorted drafter's draft vocabulary (with self-distilled rows, the target's own greedy tokens)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for r in rows:
+        labels = torch.as_tensor(r["labels"], dtype=torch.long)
+        labels = labels[(labels >= 0) & (labels < vocab_size)]
+        counts += torch.bincount(labels, minlength=vocab_size)
+    return counts
+
+
 def pad_collator(pad_token_id: int):
     """Right-pads ``input_ids`` (with ``pad_token_id``) and ``labels`` (with -100); adds ``attention_mask``."""
 
