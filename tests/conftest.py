@@ -104,6 +104,24 @@ def oracle_pair(family: str = "llama", vocab_size: int = 128, do_sample: bool = 
     return _cached_oracle(family, vocab_size, do_sample, tuple(sorted(overrides.items())))
 
 
+def sorted_loss_before_after_training(drafter, rows, output_dir, max_steps: int, learning_rate: float):
+    """(loss before, loss after) ``max_steps`` bf16 SortedTrainer steps of a sorted drafter on ``rows``
+    (one batch of 8), both measured in eval mode on the same batch."""
+    from hf_spec.training.sorted_trainer import SortedTrainer, SortedTrainingConfig, pad_collator
+
+    batch = pad_collator(0)(rows)
+    with torch.no_grad():
+        before = float(drafter(batch["input_ids"], labels=batch["labels"]).loss)
+    args = SortedTrainingConfig(output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=8,
+                                gradient_accumulation_steps=1, learning_rate=learning_rate, warmup_ratio=0.0, bf16=True,
+                                save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0)  # fmt: skip
+    SortedTrainer(model=drafter.train(), args=args, train_dataset=rows, data_collator=pad_collator(0)).train()
+    drafter.eval()
+    with torch.no_grad():
+        after = float(drafter(batch["input_ids"], labels=batch["labels"]).loss)
+    return before, after
+
+
 def plain_generate(target, input_ids, **kwargs):
     """transformers' own generate(), bypassing hf-spec's routing entirely."""
     hf_spec.uninstall()

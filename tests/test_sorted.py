@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModel
 
 import hf_spec
-from conftest import make_target, plain_generate, random_prompt
+from conftest import make_target, plain_generate, random_prompt, sorted_loss_before_after_training
 from hf_spec.drafters.sorted import SortedDrafter, search_thresholds
 from hf_spec.tree.dynamic import TreeShape
 from test_sampling import VOCAB, chi_square_pvalue, exact_joint, warpers
@@ -288,7 +288,7 @@ def test_sampling_with_a_draft_vocabulary_keeps_target_distribution(warp):
 
 def test_label_token_counts_and_trainer_with_a_draft_vocabulary(tmp_path):
     from hf_spec.training.losses import sorted_loss
-    from hf_spec.training.sorted_trainer import SortedTrainer, SortedTrainingConfig, label_token_counts, pad_collator
+    from hf_spec.training.sorted_trainer import label_token_counts, pad_collator
 
     rows = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [7, 7], "labels": [-100, 7]}]
     counts = label_token_counts(rows, 10)
@@ -303,15 +303,7 @@ def test_label_token_counts_and_trainer_with_a_draft_vocabulary(tmp_path):
     drafter.get_output_embeddings().weight.requires_grad_(False)
     batch = pad_collator(0)(rows)
     assert (drafter.exit_labels(batch["labels"]) == -100).any()
-    with torch.no_grad():
-        before = float(drafter(batch["input_ids"], labels=batch["labels"]).loss)
-    args = SortedTrainingConfig(output_dir=str(tmp_path), max_steps=15, per_device_train_batch_size=8,
-                                gradient_accumulation_steps=1, learning_rate=3e-3, warmup_ratio=0.0, bf16=True,
-                                save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0)  # fmt: skip
-    SortedTrainer(model=drafter.train(), args=args, train_dataset=rows, data_collator=pad_collator(0)).train()
-    drafter.eval()
-    with torch.no_grad():
-        after = float(drafter(batch["input_ids"], labels=batch["labels"]).loss)
+    before, after = sorted_loss_before_after_training(drafter, rows, tmp_path, max_steps=15, learning_rate=3e-3)
     assert after < 0.5 * before, (before, after)
     all_outside = torch.full_like(batch["labels"], -100)
     assert float(sorted_loss(drafter(batch["input_ids"]).logits_per_exit, all_outside)) == 0.0

@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 import hf_spec
-from conftest import make_target, plain_generate, random_prompt
+from conftest import make_target, plain_generate, random_prompt, sorted_loss_before_after_training
 from hf_spec.drafters.sorted import SortedDrafter
 
 pytest.importorskip("peft")
@@ -125,24 +125,13 @@ def test_a_target_that_is_not_the_source_needs_the_source(tmp_path):
 
 
 def test_sorted_trainer_trains_the_adapters(tmp_path):
-    from hf_spec.training.sorted_trainer import SortedTrainer, SortedTrainingConfig, pad_collator
-
     _, drafter = lora_drafter()
     frozen = drafter.layers[0].self_attn.q_proj.base_layer.weight.clone()
     g = torch.Generator().manual_seed(0)
     pattern = torch.randint(1, 128, (8,), generator=g)
     rows = [{"input_ids": pattern.roll(i).repeat(3).tolist(), "labels": pattern.roll(i).repeat(3).tolist()}
             for i in range(8)]  # fmt: skip
-    batch = pad_collator(0)(rows)
-    with torch.no_grad():
-        before = float(drafter(batch["input_ids"], labels=batch["labels"]).loss)
-    args = SortedTrainingConfig(output_dir=str(tmp_path), max_steps=10, per_device_train_batch_size=8,
-                                gradient_accumulation_steps=1, learning_rate=1e-2, warmup_ratio=0.0, bf16=True,
-                                save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0)  # fmt: skip
-    SortedTrainer(model=drafter.train(), args=args, train_dataset=rows, data_collator=pad_collator(0)).train()
-    drafter.eval()
-    with torch.no_grad():
-        after = float(drafter(batch["input_ids"], labels=batch["labels"]).loss)
+    before, after = sorted_loss_before_after_training(drafter, rows, tmp_path, max_steps=10, learning_rate=1e-2)
     assert after < before, (before, after)
     assert torch.equal(drafter.layers[0].self_attn.q_proj.base_layer.weight, frozen)
 
