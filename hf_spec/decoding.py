@@ -89,6 +89,35 @@ def new_session(drafter, model, shape, do_sample: bool, temperature: float, prom
     return session
 
 
+def target_layers(base_model, layer_ids) -> list:
+    """Decoder layers ``layer_ids`` (ascending: the order they run in) of a target's base model; ValueError
+    naming the fix when the target does not have them."""
+    layers = getattr(base_model, "layers", None)
+    ids = [int(i) for i in layer_ids]
+    if layers is None or not ids or min(ids) < 0 or max(ids) >= len(layers) or ids != sorted(ids):
+        raise ValueError(f"Target layers {ids} (ascending) are not decoder layers of this target, which has "
+                         f"{len(layers or [])} in `.layers`. Fix: use the drafter's own target.")  # fmt: skip
+    return [layers[i] for i in ids]
+
+
+def forward_with_layer_inputs(base_model, layers, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """One base-model forward: (post-norm last hidden state, the inputs of ``layers`` (HF ``hidden_states[i]``)
+    concatenated on the last dimension in the order they run), captured by forward pre-hooks on those
+    layers only, never ``output_hidden_states``. What an EAGLE-3 drafter reads, at decoding and in training."""
+    captured = []
+
+    def capture(module, args, kwargs):
+        captured.append(args[0] if args else kwargs["hidden_states"])
+
+    hooks = [layer.register_forward_pre_hook(capture, with_kwargs=True) for layer in layers]
+    try:
+        out = base_model(**inputs).last_hidden_state
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return out, torch.cat(captured, dim=-1)
+
+
 class _Target:
     """The target split into its base model (features = post-norm last hidden state) and LM head.
 
@@ -107,11 +136,7 @@ class _Target:
         self.drafter_features = None
         """What the drafter reads of the last forward, (b, q, ·), set by :meth:`forward`."""
         if self.feature_layers is not None:
-            layers = getattr(self.base, "layers", None)
-            if layers is None or max(self.feature_layers) >= len(layers):
-                raise ValueError(f"The drafter reads target layers {list(self.feature_layers)}, but the target has "
-                                 f"{len(layers or [])} decoder layers in `.layers`. Fix: use the drafter's own target.")  # fmt: skip
-            self._layers = [layers[i] for i in self.feature_layers]
+            self._layers = target_layers(self.base, self.feature_layers)
 
     def forward(self, input_ids, cache, attention_mask=None, position_ids=None) -> torch.Tensor:
         """The base model over (b, q) new tokens on top of ``cache``: the (b, q, H) last hidden
@@ -123,18 +148,7 @@ class _Target:
             out = self.base(**inputs).last_hidden_state
             self.drafter_features = out
         else:
-            captured = []
-
-            def capture(module, args, kwargs):
-                captured.append(args[0] if args else kwargs["hidden_states"])
-
-            hooks = [layer.register_forward_pre_hook(capture, with_kwargs=True) for layer in self._layers]
-            try:
-                out = self.base(**inputs).last_hidden_state
-            finally:
-                for hook in hooks:
-                    hook.remove()
-            self.drafter_features = torch.cat(captured, dim=-1)  # layers run in ascending order, as the ids
+            out, self.drafter_features = forward_with_layer_inputs(self.base, self._layers, **inputs)
         self.seconds += timing.clock(self.device) - start
         return out
 

@@ -181,29 +181,14 @@ never read as if it had them. The layer ids are in the metadata under ``aux_hidd
 
 @torch.no_grad()
 def target_layer_inputs(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, layer_ids) -> tuple:
-    """(post-norm last hidden state (b, s, H), inputs of decoder layers ``layer_ids`` concatenated (b, s, k*H)).
+    """(post-norm last hidden state (b, s, H), inputs of decoder layers ``layer_ids`` concatenated (b, s, k*H)):
+    the decoding loop's own capture (:func:`hf_spec.decoding.forward_with_layer_inputs`), so training reads
+    exactly what an EAGLE-3 drafter is handed at decoding time."""
+    from ..decoding import forward_with_layer_inputs, target_layers
 
-    The inputs are captured with forward pre-hooks on those layers only (HF ``hidden_states[i]`` without
-    ``output_hidden_states``), exactly what the decoding loop hands an EAGLE-3 drafter."""
-    layers = getattr(target.base_model, "layers", None)
-    ids = sorted(int(i) for i in layer_ids)
-    if layers is None or not ids or ids[0] < 0 or ids[-1] >= len(layers):
-        raise ValueError(f"Target layers {ids} do not exist: the target has {len(layers or [])} decoder layers in `.layers`.")
-    captured = {}
-
-    def capture(index):
-        def hook(module, args, kwargs):
-            captured[index] = args[0] if args else kwargs["hidden_states"]
-
-        return hook
-
-    hooks = [layers[i].register_forward_pre_hook(capture(i), with_kwargs=True) for i in ids]
-    try:
-        last = target.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return last, torch.cat([captured[i] for i in ids], dim=-1)
+    base = target.base_model
+    layers = target_layers(base, sorted(int(i) for i in layer_ids))
+    return forward_with_layer_inputs(base, layers, input_ids=input_ids, attention_mask=attention_mask)
 
 
 def _features_schema(hidden_size: int, storage: str, aux_width: int | None = None):
