@@ -313,7 +313,7 @@ class EagleDraftingSession(DraftingSession):
         self.committed = 0
         self.forward_seconds = 0.0
         self.use_router = drafter.router is not None and bool(drafter.config.use_router)
-        self.ngram_branches = getattr(drafter.config, "ngram_branches", 0)
+        self.ngram_branches = drafter.config.ngram_branches
         """N-gram nodes grafted per tree (0: off); set before the first :meth:`propose`."""
         self.prompt_ids = prompt_ids
         self._ngram = None
@@ -334,9 +334,9 @@ class EagleDraftingSession(DraftingSession):
                 raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
             self._ngram = NGramBranches(self.prompt_ids, datastore=self.drafter.ngram_datastore)
         self._ngram.extend(next_tokens)
-        tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample,
-                                 depth=getattr(self.drafter.config, "ngram_depth", None),
-                                 copy_branches=getattr(self.drafter.config, "ngram_copy_nodes", 0))  # fmt: skip
+        config = self.drafter.config
+        tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample, depth=config.ngram_depth,
+                                 copy_branches=config.ngram_copy_nodes)  # fmt: skip
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
 
