@@ -248,11 +248,10 @@ def legacy_eagle_config(config: dict, speculative_tokens: int | None = None, dty
 
 
 def _export_legacy_eagle(config, weights, out_dir, speculative_tokens, verifier_name_or_path) -> dict[str, str]:
-    legacy_eagle_config(config)  # validates first, with a clear error
+    exported = legacy_eagle_config(config, speculative_tokens, _dtype_name(weights), verifier_name_or_path)  # validates first
     mapping = {name: speculators_name(name) for name in sorted(weights)}
     if len(set(mapping.values())) != len(mapping):
         raise ValueError("Two weights map to the same speculators name.")
-    exported = legacy_eagle_config(config, speculative_tokens, _dtype_name(weights), verifier_name_or_path)
     _write(out_dir, exported, {mapping[k]: v for k, v in weights.items()})
     return mapping
 
