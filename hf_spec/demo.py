@@ -66,9 +66,14 @@ def run_demo(prompts=DEMO_PROMPTS, max_new_tokens: int = 128, dtype: str = "bflo
     for index, prompt in enumerate(prompts):
         input_ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                                   return_tensors="pt", return_dict=True)["input_ids"]  # fmt: skip
-        if index == 0:  # warm-up of both paths, untimed
+        if index == 0:  # warm-up of both paths, untimed (the drafter's first call times this machine once)
             model.generate(input_ids, max_new_tokens=8, do_sample=False)
             model.generate(input_ids, max_new_tokens=8, do_sample=False, **spec_kwargs)
+            choice = drafter.last_generation_stats.shape_choice if drafter is not None else None
+            if choice is not None:
+                result_shape = {k: choice[k] for k in ("tree_depth", "tree_top_k", "tree_total_tokens", "ngram_branches")}
+                print(f"Tree shape for this machine: {result_shape} (chosen among the drafter's candidates from "
+                      f"this machine's timings; held-aside tau {choice['tau']:.2f})\n")  # fmt: skip
         plain, plain_s = _best_of(lambda: model.generate(input_ids, **common), repeats)
         spec, spec_s = _best_of(lambda: model.generate(input_ids, **common, **spec_kwargs), repeats)
         n_plain, n_spec = plain.shape[1] - input_ids.shape[1], spec.shape[1] - input_ids.shape[1]

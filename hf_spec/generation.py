@@ -20,6 +20,7 @@ from transformers import GenerationMixin
 from . import compat
 from .decoding import check_batch_supported, decode, is_batched
 from .drafters.base import SpecDrafterModel
+from .tune import select_shape
 from .stats import GenerationStats
 
 __all__ = ["GenerationStats", "check_supported", "install", "is_installed", "speculative_decode", "uninstall"]
@@ -80,21 +81,34 @@ def speculative_decode(
 
     Called by transformers' ``generate`` (``custom_generate``) with the prepared processors,
     stopping criteria and generation config. Returns what ``generate`` would. After the checks
-    it binds the drafter if needed, resolves the tree shape, and runs
+    it binds the drafter if needed, resolves the tree shape (a call that sets none of the shape
+    options gets the drafter's fastest shape candidate on this machine, :mod:`hf_spec.shape_select`,
+    when its config has candidates), and runs
     :func:`hf_spec.decoding.decode` (one prompt or a left-padded batch).
     """
     check_supported(model, input_ids, generation_config, model_kwargs)
     if not drafter.is_bound_to(model):
         drafter.bind(model)
     do_sample = bool(generation_config.do_sample)
+    choice = None
+    if all(v is None for v in (tree_depth, tree_top_k, tree_total_tokens, ngram_branches)):
+        choice = select_shape(model, drafter)  # the drafter's shape candidates, timed on this machine
+        if choice is not None:
+            options = choice.options
+            tree_depth, tree_top_k = options.get("tree_depth"), options.get("tree_top_k")
+            tree_total_tokens, ngram_branches = options.get("tree_total_tokens"), options.get("ngram_branches")
     shape = drafter.tree_shape(tree_depth, tree_top_k, tree_total_tokens)
     shape.validate(do_sample)
     temperature = float(generation_config.temperature or 1.0) if do_sample else 1.0
     _check_streamer(streamer, input_ids)
-    return decode(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter=drafter,
-                  shape=shape, do_sample=do_sample, temperature=temperature,
-                  attention_mask=model_kwargs.get("attention_mask"), streamer=streamer, use_router=use_router,
-                  ngram_branches=ngram_branches)  # fmt: skip
+    output = decode(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter=drafter,
+                    shape=shape, do_sample=do_sample, temperature=temperature,
+                    attention_mask=model_kwargs.get("attention_mask"), streamer=streamer, use_router=use_router,
+                    ngram_branches=ngram_branches)  # fmt: skip
+    if choice is not None:
+        drafter.last_generation_stats.shape_choice = {**choice.candidate,
+                                                      "predicted_ms_per_token": choice.predicted_ms_per_token}  # fmt: skip
+    return output
 
 
 # -- the integration point ---------------------------------------------------------------------

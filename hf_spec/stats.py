@@ -48,6 +48,9 @@ class GenerationStats:
     drafter_forward_seconds: float = 0.0
     total_seconds: float = 0.0
     early_exits: EarlyExitStats | None = None
+    shape_choice: dict | None = None
+    """The shape candidate :mod:`hf_spec.shape_select` chose for this call (its options, τ and
+    verified nodes on held-aside prompts, predicted ms per token here); None: configured or per-call shape."""
 
     @property
     def cycles(self) -> int:

@@ -31,7 +31,9 @@ dtype matters too (bf16 verification is nearly flat in ``n`` on AVX512-bf16 CPUs
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
+import logging
 import math
 import os
 import statistics
@@ -42,7 +44,20 @@ from typing import Callable, Sequence
 
 import torch
 
+from .shape_select import (
+    CACHE_FORMAT,
+    CANDIDATE_OPTIONS,
+    CostProfile,
+    ShapeChoice,
+    candidate_options,
+    check_candidates,
+    choose_candidate,
+    interpolate_cost,
+    predict_ms_per_token,
+)
 from .tree.dynamic import TreeShape
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "TuneGrid",
@@ -60,6 +75,11 @@ __all__ = [
     "tune",
     "format_table",
     "write_tree_shape",
+    "measure_candidates",
+    "measure_costs",
+    "cost_profile",
+    "select_shape",
+    "write_shape_candidates",
 ]
 
 MAX_VERIFY_TOKENS = 64
@@ -97,21 +117,6 @@ def candidate_shapes(depths, top_ks, totals, max_total: int = MAX_VERIFY_TOKENS)
             values = {d} if k == 1 else {t for t in totals if d <= t <= min(max_total, grown)}
             shapes.extend(TreeShape(d, k, t) for t in sorted(values) if t <= max_total)
     return shapes
-
-
-def interpolate_cost(curve: dict[int, float], n: float) -> float:
-    """Cost at ``n`` from measured points ``{n_i: cost_i}``: piecewise linear, extended
-    linearly past the last two points (never below the last measured cost) and flat before the first."""
-    points = sorted(curve.items())
-    if not points:
-        raise ValueError("empty cost curve")
-    if n <= points[0][0] or len(points) == 1:
-        return float(points[0][1])
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if n <= x1:
-            return float(y0 + (y1 - y0) * (n - x0) / (x1 - x0))
-    (x0, y0), (x1, y1) = points[-2], points[-1]
-    return float(max(y1, y1 + (y1 - y0) * (n - x1) / (x1 - x0)))
 
 
 def draft_cost_ms(depth: int, depth1_ms: float, deepest_ms: float, deepest: int) -> float:
@@ -427,7 +432,9 @@ def write_tree_shape(drafter_dir, shape: TreeShape, tuned_for: dict) -> Path:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} not found. Fix: pass --drafter a local directory saved with save_pretrained.")
-    values = {"tree_depth": shape.depth, "tree_top_k": shape.top_k, "tree_total_tokens": shape.total_tokens}
+    # a tuned shape is this machine's choice: run-time candidate selection (hf_spec.shape_select) is switched off
+    values = {"tree_depth": shape.depth, "tree_top_k": shape.top_k, "tree_total_tokens": shape.total_tokens,
+              "auto_tree_shape": False}
     for path, extra in ((config_path, {"tree_tuned_for": tuned_for}), (directory / "generation_config.json", {})):
         if path.is_file():
             data = json.loads(path.read_text())
@@ -453,3 +460,170 @@ def now_utc() -> str:
 def default_output(drafter_path: str) -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     return os.path.join("results", f"tune-{Path(drafter_path).name}-{stamp}.json")
+
+
+# -- shape candidates, chosen at run time (hf_spec.shape_select) -----------------------------------
+VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 64)
+"""Tree sizes whose verification cost a run-time cost profile measures."""
+CALIBRATION_TOKENS = 16
+"""New tokens of each candidate's calibration generation."""
+_profiles: dict = {}
+"""Cost profiles measured or read in this process, by key."""
+_calibrating = False
+
+
+@torch.inference_mode()
+def measure_candidates(model, drafter, prompts: Sequence[torch.Tensor], candidates: Sequence[dict],
+                       max_new_tokens: int = 128, progress: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
+    """τ and mean verified nodes per cycle of each candidate (a dict of :data:`CANDIDATE_OPTIONS`),
+    from real greedy generations of ``prompts``, candidates interleaved per prompt.
+
+    Neither number depends on the machine (greedy decoding emits the target's tokens whatever the
+    tree; in bf16 near-ties can round differently, a ±0.05 noise on τ): they are what
+    :func:`hf_spec.shape_select.choose_candidate` combines with a machine's measured costs."""
+    if not drafter.is_bound_to(model):
+        drafter.bind(model)
+    for candidate in candidates:
+        unknown = set(candidate) - set(CANDIDATE_OPTIONS)
+        if unknown:
+            raise ValueError(f"Unknown shape candidate keys {sorted(unknown)}; a candidate sets {CANDIDATE_OPTIONS}.")
+    totals = [{"accepted": 0, "cycles": 0, "nodes": 0} for _ in candidates]
+    for i, prompt in enumerate(prompts):
+        prompt = prompt.to(model.device)
+        for candidate, total in zip(candidates, totals):
+            kwargs = {k: v for k, v in candidate.items() if v is not None}
+            model.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter, do_sample=False,
+                           max_new_tokens=max_new_tokens, **kwargs)  # fmt: skip
+            stats = drafter.last_generation_stats
+            total["accepted"] += sum(stats.accepted_lengths)
+            total["cycles"] += stats.cycles
+            total["nodes"] += sum(stats.tree_sizes)
+        if progress:
+            progress(f"candidates: prompt {i + 1}/{len(prompts)}")
+    rows = []
+    for candidate, total in zip(candidates, totals):
+        cycles = max(total["cycles"], 1)
+        rows.append({**{k: candidate.get(k) for k in CANDIDATE_OPTIONS},
+                     "tau": round(1.0 + total["accepted"] / cycles, 4),
+                     "verified_nodes": round(total["nodes"] / cycles, 3)})  # fmt: skip
+    return rows
+
+
+def _profile_key(model, drafter, candidates: list[dict]) -> str:
+    """What a cost profile depends on: machine, software, threads, device, dtype, target and drafter
+    architecture, and the candidates' options (never the load average or the date)."""
+    from .bench.harness import machine_info
+
+    device = model.device
+    info = machine_info(model.dtype)
+    stable = {k: info.get(k) for k in ("cpu", "cores", "platform", "python", "torch", "transformers", "dtype")}
+    if device.type == "cuda":
+        stable["gpu"] = torch.cuda.get_device_name(device)
+    target = model.config.get_text_config().to_dict()
+    target = {k: target.get(k) for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                         "num_attention_heads", "num_key_value_heads", "vocab_size")}  # fmt: skip
+    draft = {k: getattr(drafter.config, k, None) for k in ("model_type", "num_layers", "draft_vocab_size",
+                                                           "router_num_groups", "tree_widths")}  # fmt: skip
+    payload = {"machine": stable, "threads": torch.get_num_threads(), "device": str(device), "target": target,
+               "drafter": draft, "candidates": [candidate_options(c) for c in candidates]}  # fmt: skip
+    return json.dumps(payload, sort_keys=True, default=str)
+
+
+def _profile_path(key: str) -> Path:
+    from .resources import cache_dir
+
+    return cache_dir() / "shape_costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+@torch.inference_mode()
+def measure_costs(model, drafter, candidates: list[dict], key: str = "") -> CostProfile:
+    """Time this machine for :func:`select_shape`: the target's verification forward of
+    :data:`VERIFY_SIZES` tree tokens, and for each distinct drafter tree among the candidates a
+    short greedy generation (n-gram branches off: a random prompt has nothing to match; grafting
+    costs no drafter forward) whose time per cycle outside the target's forwards (drafting + loop)
+    is read from its stats, after one warm-up generation."""
+    verify_ms = measure_verify_cost(model, VERIFY_SIZES, prefix_length=128, repeats=3)
+    vocab = model.config.get_text_config().vocab_size
+    prompt = torch.randint(0, vocab, (1, 64), generator=torch.Generator().manual_seed(0)).to(model.device)
+    kept_stats = getattr(drafter, "last_generation_stats", None)
+    grafts = bool(getattr(drafter.config, "ngram_branches", 0)) or any(c.get("ngram_branches") for c in candidates)
+
+    def outside_ms_per_cycle(options: dict) -> float:
+        options = {**options, **({"ngram_branches": 0} if grafts else {})}
+        model.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter, do_sample=False,
+                       max_new_tokens=CALIBRATION_TOKENS, min_new_tokens=CALIBRATION_TOKENS, **options)  # fmt: skip
+        stats = drafter.last_generation_stats
+        return 1000.0 * max(stats.total_seconds - stats.target_forward_seconds, 0.0) / max(stats.cycles, 1)
+
+    trees = [{k: v for k, v in candidate_options(c).items() if k != "ngram_branches"} for c in candidates]
+    outside_ms_per_cycle(trees[0])  # warm-up
+    measured: dict[str, float] = {}
+    for tree in trees:
+        tree_key = json.dumps(tree, sort_keys=True)
+        if tree_key not in measured:
+            measured[tree_key] = outside_ms_per_cycle(tree)
+    drafter.last_generation_stats = kept_stats
+    cycle_ms = [measured[json.dumps(tree, sort_keys=True)] for tree in trees]
+    return CostProfile(verify_ms=verify_ms, cycle_ms=cycle_ms, key=key)
+
+
+def cost_profile(model, drafter, candidates: list[dict]) -> CostProfile:
+    """This machine's :class:`~hf_spec.shape_select.CostProfile` for ``drafter`` on ``model``: from
+    this process's memory, else ``$HF_SPEC_CACHE/shape_costs/``, else measured (a few seconds) and cached."""
+    key = _profile_key(model, drafter, candidates)
+    if key in _profiles:
+        return _profiles[key]
+    path = _profile_path(key)
+    profile = None
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") == CACHE_FORMAT and data.get("key") == key:
+                profile = CostProfile.from_json(data)
+        except (OSError, ValueError, KeyError):
+            profile = None
+    if profile is None:
+        logger.warning("hf-spec: timing this machine once to choose %s's draft-tree shape (cached in %s)",
+                       type(drafter).__name__, path.parent)  # fmt: skip
+        profile = measure_costs(model, drafter, candidates, key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
+        except OSError as error:  # a read-only cache only costs a re-measurement in the next process
+            logger.warning("hf-spec: could not cache the cost profile (%s)", error)
+    _profiles[key] = profile
+    return profile
+
+
+def select_shape(model, drafter) -> ShapeChoice | None:
+    """The drafter's fastest shape candidate on this machine (:mod:`hf_spec.shape_select`), or None
+    when its config has no ``tree_shape_candidates``, ``auto_tree_shape`` is false, or the call is
+    one of the calibration generations."""
+    global _calibrating
+    config = drafter.config
+    candidates = check_candidates(getattr(config, "tree_shape_candidates", None))
+    if _calibrating or not candidates or getattr(config, "auto_tree_shape", None) is False:
+        return None
+    _calibrating = True  # the calibration generations run the candidates' own options
+    try:
+        profile = cost_profile(model, drafter, candidates)
+    finally:
+        _calibrating = False
+    best = choose_candidate(candidates, profile)
+    predicted = predict_ms_per_token(candidates[best], profile.verify_ms, profile.cycle_ms[best])
+    return ShapeChoice(options=candidate_options(candidates[best]), candidate=dict(candidates[best]),
+                       predicted_ms_per_token=round(predicted, 3))  # fmt: skip
+
+
+def write_shape_candidates(drafter_dir, candidates: Sequence[dict], provenance: dict) -> Path:
+    """Store ``candidates`` (rows of :func:`measure_candidates`) as the ``tree_shape_candidates`` of
+    the drafter saved in ``drafter_dir`` and switch run-time selection on (``auto_tree_shape``
+    None); ``provenance`` (prompts, command, date) goes to ``tree_shape_candidates_measured``."""
+    config_path = Path(drafter_dir) / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found. Fix: pass a local directory saved with save_pretrained.")
+    rows = check_candidates(list(candidates))
+    data = json.loads(config_path.read_text())
+    data.update(tree_shape_candidates=rows, auto_tree_shape=None, tree_shape_candidates_measured=provenance)
+    config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return config_path

@@ -13,7 +13,9 @@ Methods (strings, as on the command line):
   sub-model of its first N layers (N one of its exits) instead of adaptive early exit;
   ``hf_spec:<path>:ngram=N`` grafts up to N context n-gram nodes into each of a feature
   drafter's trees (``ngram_branches=N``; the stats then count ``accepted_from_ngram``);
-  ``:no_datastore`` drops the drafter's n-gram datastore (corpus continuations) for the run.
+  ``:no_datastore`` drops the drafter's n-gram datastore (corpus continuations) for the run;
+  ``:fixed_shape`` uses the configured tree instead of the run-time choice among the config's
+  ``tree_shape_candidates`` (:mod:`hf_spec.shape_select`; the stats record each call's choice).
 - ``hf_spec:ngram`` or ``hf_spec:ngram:key=value:...``: the weightless context n-gram
   tree drafter (:class:`hf_spec.NGramDrafter`); keys: ``depth`` (max_depth), ``tokens``
   (num_draft_tokens), ``branches`` (max_branches), ``max_match``, ``min_match``,
@@ -165,6 +167,7 @@ def drafter_stats(drafter) -> Callable[[], dict[str, Any]]:
             "verified_tokens": sum(s.tree_sizes),
             "acceptance_by_position": [float(x) for x in s.acceptance_by_position()],
             **({"exit_counts": list(s.early_exits.exit_counts)} if s.early_exits is not None else {}),
+            **({"shape_choice": dict(s.shape_choice)} if s.shape_choice is not None else {}),
         }
 
     return stats
@@ -175,7 +178,7 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
     from transformers import AutoModel
 
     options_text = []
-    while ":" in path and re.fullmatch(r"no_router|no_datastore|exit=\d+|ngram=\d+", path.rsplit(":", 1)[1]):
+    while ":" in path and re.fullmatch(r"no_router|no_datastore|fixed_shape|exit=\d+|ngram=\d+", path.rsplit(":", 1)[1]):
         path, option = path.rsplit(":", 1)
         options_text.append(option)
     no_router = "no_router" in options_text
@@ -186,6 +189,8 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
         drafter = AutoModel.from_pretrained(path, dtype=dtype).eval()
     if "no_datastore" in options_text:
         drafter.ngram_datastore = None
+    if "fixed_shape" in options_text:  # the configured tree, not the run-time choice among shape candidates
+        drafter.config.auto_tree_shape = False
     fixed_exit = next((int(o.split("=")[1]) for o in options_text if o.startswith("exit=")), None)
     if fixed_exit is not None:
         if not hasattr(drafter, "use_fixed_exit"):
@@ -199,7 +204,9 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
     ngram_branches = next((int(o.split("=")[1]) for o in options_text if o.startswith("ngram=")), None)
     if ngram_branches is not None:
         options["ngram_branches"] = ngram_branches
-    info = {"drafter": path, **tree, **options, "ngram_datastore": drafter.ngram_datastore is not None}
+    info = {"drafter": path, **tree, **options, "ngram_datastore": drafter.ngram_datastore is not None,
+            "auto_tree_shape": bool(getattr(drafter.config, "tree_shape_candidates", None))
+            and getattr(drafter.config, "auto_tree_shape", None) is not False and not tree and not options}  # fmt: skip
     if ngram_options is not None:
         info.update(drafter="ngram", **{k: getattr(drafter.config, k) for k in (
             "max_match", "min_match", "num_draft_tokens", "max_depth", "max_branches", "max_occurrences")})  # fmt: skip

@@ -43,6 +43,12 @@ class SpecDrafterConfig(PretrainedConfig):
         target_architectures: the target's ``architectures``.
         target_hidden_size / target_vocab_size: must equal the target's; checked at bind time.
         tree_depth / tree_top_k / tree_total_tokens: default draft-tree shape for generate().
+        tree_shape_candidates: optional list of shapes (``generate()`` options ``tree_depth``,
+            ``tree_top_k``, ``tree_total_tokens``, ``ngram_branches``) with the ``tau`` and
+            ``verified_nodes`` each achieved on held-aside prompts; :mod:`hf_spec.shape_select`
+            picks the fastest on the machine at hand (its costs timed once, cached).
+        auto_tree_shape: use the candidates when a call sets none of those options (None: true
+            when there are candidates); false keeps the configured shape.
         training_method: how the checkpoint was trained (``eagle``, ``hass``, ``coral``, ``s2d``,
             ``parallelspec``); picks the model card and citation. None: the family's default
             (:attr:`default_training_method`).
@@ -69,8 +75,12 @@ class SpecDrafterConfig(PretrainedConfig):
         training_method: str | None = None,
         draft_vocab_size: int | None = None,
         hf_spec_version: str | None = None,
+        tree_shape_candidates: list[dict] | None = None,
+        auto_tree_shape: bool | None = None,
         **kwargs,
     ):
+        from ..shape_select import check_candidates
+
         _check_format_version(hf_spec_version, type(self).__name__)
         self.hf_spec_version = hf_spec_version or CHECKPOINT_FORMAT_VERSION
         self.target_model_name_or_path = target_model_name_or_path
@@ -86,6 +96,8 @@ class SpecDrafterConfig(PretrainedConfig):
         if draft_vocab_size is not None and (not isinstance(draft_vocab_size, int) or draft_vocab_size < 1):
             raise ValueError(f"draft_vocab_size must be a positive integer or None (full vocabulary), got {draft_vocab_size!r}.")
         self.draft_vocab_size = draft_vocab_size
+        self.tree_shape_candidates = check_candidates(tree_shape_candidates) or None
+        self.auto_tree_shape = auto_tree_shape
         super().__init__(**kwargs)
 
     @property
