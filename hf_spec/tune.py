@@ -517,6 +517,7 @@ def _profile_key(model, drafter, candidates: list[dict]) -> str:
     device = model.device
     info = machine_info(model.dtype)
     stable = {k: info.get(k) for k in ("cpu", "cores", "platform", "python", "torch", "transformers", "dtype")}
+    stable["cpu_flags"] = _cpu_flags_digest()  # two CPUs can share a model name ("Intel(R) Xeon(R) Processor"), not AMX
     if device.type == "cuda":
         stable["gpu"] = torch.cuda.get_device_name(device)
     target = model.config.get_text_config().to_dict()
@@ -527,6 +528,16 @@ def _profile_key(model, drafter, candidates: list[dict]) -> str:
     payload = {"machine": stable, "threads": torch.get_num_threads(), "device": str(device), "target": target,
                "drafter": draft, "candidates": [candidate_options(c) for c in candidates]}  # fmt: skip
     return json.dumps(payload, sort_keys=True, default=str)
+
+
+def _cpu_flags_digest() -> str | None:
+    """A digest of the CPU's feature flags (/proc/cpuinfo), None where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16] if flags else None
 
 
 def _profile_path(key: str) -> Path:

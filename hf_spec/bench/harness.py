@@ -206,7 +206,7 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
         options["ngram_branches"] = ngram_branches
     info = {"drafter": path, **tree, **options, "ngram_datastore": drafter.ngram_datastore is not None,
             "auto_tree_shape": bool(getattr(drafter.config, "tree_shape_candidates", None))
-            and getattr(drafter.config, "auto_tree_shape", None) is not False and not tree and not options}  # fmt: skip
+            and getattr(drafter.config, "auto_tree_shape", None) is not False and not tree and "ngram_branches" not in options}  # fmt: skip
     if ngram_options is not None:
         info.update(drafter="ngram", **{k: getattr(drafter.config, k) for k in (
             "max_match", "min_match", "num_draft_tokens", "max_depth", "max_branches", "max_occurrences")})  # fmt: skip

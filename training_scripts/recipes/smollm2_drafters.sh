@@ -2,7 +2,8 @@
 # The shipped SmolLM2-135M drafters, end to end on a 2-core CPU (drafters/README.md):
 #   1. self-distil 3,200 ShareGPT first turns, keeping the target's features (one target pass)
 #   2. train EAGLE, HASS, ParallelSpec and CORAL on that cache, EPOCHS (default 2) epochs each, same settings
-#   3. publish each into drafters/; tune HASS's tree on held-aside prompts (3..5 of each set), same shape for EAGLE/CORAL
+#   3. publish each into drafters/; measure each drafter's shape candidates (tau, verified nodes) on held-aside
+#      prompts (3..5 of each set) for the run-time shape choice (benchmarks/shape_candidates/)
 #   4. benchmark: first 3 prompts of each set, then held-out prompts 6..8, all methods interleaved; then
 #      input-grounded code editing (plain, prompt lookup, n-gram, HASS, HASS + n-gram branches)
 # Every step resumes: the distillation by shard, training from its last checkpoint (a DONE file marks a
@@ -37,20 +38,16 @@ if [[ " $STEPS " == *" train "* ]]; then
   done
 fi
 if [[ " $STEPS " == *" publish "* ]]; then
-  # HASS's tree is tuned on held-aside prompts (3..5 of each set); EAGLE and CORAL (same architecture) get the
-  # same shape, so their τ compare at equal trees. ParallelSpec drafts its own static tree.
-  # HASS also ships an n-gram datastore of the cache's answers (the target's own greedy text) for its n-gram branches
-  python training_scripts/publish_drafter.py runs/train/hass $D-hass --command "$RECIPE" --ngram-datastore $CACHE \
-    --ngram-branches 4 --ngram-depth 8
-  hf-spec tune --target smollm2-135m-instruct --drafter $D-hass --dtype bfloat16 --threads 2 \
-    --prompts 3 --skip-prompts 3 --write --output benchmarks/tune/hass.json
+  # Each folder ships the n-gram datastore of the cache's answers (the target's own greedy text) and 3 n-gram nodes
+  # up to depth 8; a re-published folder keeps its shape fields (fallback tree d2/k4/t3, ParallelSpec widths 2/1,
+  # copy chains, candidates: publish_drafter.py TUNED_FIELDS).
   for method in $METHODS; do
-    [ "$method" = hass ] && continue
-    # ParallelSpec: the static tree 2/1/1 (depth 3, 6 tokens) of the earlier width sweep
-    # (benchmarks/parallelspec_vs_hass/), the same depth-3 / 6-token size class as HASS's tuned tree
     python training_scripts/publish_drafter.py runs/train/$method $D-$method --command "$RECIPE" \
-      $([ "$method" != parallelspec ] && echo --tree-from $D-hass || echo --tree-widths 2 1 1)
+      --ngram-datastore $CACHE --ngram-branches 3 --ngram-depth 8 $([ "$method" = parallelspec ] && echo --tree-widths 2 1)
   done
+  # the shape candidates each drafter chooses among at run time, measured on held-aside prompts 3..5
+  python benchmarks/shape_candidates/measure.py benchmarks/shape_candidates/candidates.json $METHODS
+  python benchmarks/shape_candidates/write.py benchmarks/shape_candidates/candidates.json
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
   # hf_spec:$D-hass is the shipped default (4 n-gram branches up to depth 8 + datastore, benchmarks/ngram_branches/)
