@@ -34,7 +34,9 @@ def card_results(path: str, method: str) -> dict:
     if method not in run["summary"]["all"]:
         raise SystemExit(f"{path} has no method {method!r}; it has {sorted(run['summary']['all'])}")
     machine = run["machine"]
-    machine = machine if isinstance(machine, str) else ", ".join(f"{k} {v}" for k, v in machine.items())
+    if not isinstance(machine, str):  # the run's identity, not its load average
+        machine = ", ".join(f"{k} {machine[k]}" for k in ("cpu", "cores", "torch_threads", "torch", "transformers", "dtype")
+                            if k in machine)  # fmt: skip
     entries = [{"dataset": name, "tau": rows[method]["tau"], "speedup": rows[method]["speedup"],
                 "tokens_per_s": rows[method]["tokens_per_s"]}
                for name, rows in run["summary"].items() if name != "all" and method in rows]  # fmt: skip
