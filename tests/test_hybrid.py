@@ -7,7 +7,7 @@ import hf_spec
 from conftest import make_target, oracle_pair, plain_generate, random_prompt
 from hf_spec.drafters.eagle import EagleDraftingSession
 from hf_spec.drafters.ngram import TrieNodes, graft_trie
-from hf_spec.tree.dynamic import draw_candidates
+from hf_spec.tree.dynamic import TreeShape, draw_candidates
 from hf_spec.tree.tree import DraftTree
 from hf_spec.verify import _rejection_sample, greedy_plan
 from test_batched import pad_left, per_row_expected
@@ -21,8 +21,8 @@ def capture_trees(monkeypatch):
     trees = []
     original = EagleDraftingSession.graft_ngram
 
-    def graft(self, tree, next_tokens):
-        grafted = original(self, tree, next_tokens)
+    def graft(self, tree):
+        grafted = original(self, tree)
         trees.append((tree, grafted))
         return grafted
 
@@ -203,20 +203,25 @@ def test_mixed_point_mass_and_sampled_candidates_rejection_sampling_is_exact():
     assert chi_square_pvalue(wrong, p) < P_VALUE_FLOOR
 
 
+def sample_counts(target, prompt, drafter, seed: int, stat: str | None = None, **generate_kwargs):
+    """Counts of 1,500 sampled 3-token continuations (VOCAB^3 table) and the sum of one GenerationStats field."""
+    counts, total = torch.zeros([VOCAB] * 3), 0
+    torch.manual_seed(seed)
+    for _ in range(1500):
+        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter,
+                              max_new_tokens=3, do_sample=True, top_k=None, **generate_kwargs)  # fmt: skip
+        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
+        total += getattr(drafter.last_generation_stats, stat) if stat else 0
+    return counts, total
+
+
 @pytest.mark.parametrize("warp", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)], ids=str)
 def test_sampled_distribution_equals_target(warp, monkeypatch):
     target, prompt, exact = repetitive_sampling_case(warp)
     drafter = hf_spec.EagleDrafter.from_target(target)
     trees = capture_trees(monkeypatch)
-    counts = torch.zeros([VOCAB] * 3)
-    from_ngram = 0
-    torch.manual_seed(1234)
-    for _ in range(1500):
-        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter,
-                              ngram_branches=4, max_new_tokens=3, do_sample=True, top_k=None, tree_depth=3,
-                              tree_top_k=2, tree_total_tokens=4, **warp)  # fmt: skip
-        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
-        from_ngram += drafter.last_generation_stats.accepted_from_ngram
+    counts, from_ngram = sample_counts(target, prompt, drafter, 1234, "accepted_from_ngram", ngram_branches=4,
+                                       tree_depth=3, tree_top_k=2, tree_total_tokens=4, **warp)  # fmt: skip
     p_value = chi_square_pvalue(counts, exact)
     assert p_value > P_VALUE_FLOOR, p_value
     assert from_ngram > 100  # n-gram nodes are accepted: the point-mass path is exercised
@@ -230,13 +235,7 @@ def test_sampled_distribution_with_copy_cycles_equals_target(monkeypatch):
     target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
     drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_copy_nodes=4, ngram_depth=3)
     trees = capture_trees(monkeypatch)
-    counts = torch.zeros([VOCAB] * 3)
-    torch.manual_seed(4321)
-    for _ in range(1500):
-        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter,
-                              max_new_tokens=3, do_sample=True, top_k=None, tree_depth=2, tree_top_k=2,
-                              tree_total_tokens=2)  # fmt: skip
-        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
+    counts, _ = sample_counts(target, prompt, drafter, 4321, tree_depth=2, tree_top_k=2, tree_total_tokens=2)
     p_value = chi_square_pvalue(counts, exact)
     assert p_value > P_VALUE_FLOOR, p_value
     assert any(len(grafted) - len(base) > 1 for base, grafted in trees)  # copy cycles occurred
@@ -277,3 +276,82 @@ def test_copy_cycles_graft_longer_chains_and_stay_lossless(monkeypatch):
     assert max(new_nodes[0]) == 2 and max(new_nodes[8]) > 2  # the repetitive prompt makes copies certain
     with pytest.raises(ValueError, match="ngram_copy_nodes"):
         hf_spec.EagleDrafter.from_target(target, ngram_copy_nodes=-1)
+
+
+def count_drafter_forwards(monkeypatch) -> list[int]:
+    """A one-element list counting the drafting sessions' drafter forwards (EAGLE and ParallelSpec)."""
+    from hf_spec.drafters.parallel import ParallelDraftingSession
+
+    calls = [0]
+    for cls, name in ((EagleDraftingSession, "_run"), (ParallelDraftingSession, "draft_distributions")):
+        original = getattr(cls, name)
+
+        def counted(self, *args, _original=original, **kwargs):
+            calls[0] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["eagle", "parallel"])
+def test_copy_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind, monkeypatch):
+    """ngram_copy_skips_drafter: a copy cycle drafts the n-gram trie alone and runs no drafter forward;
+    greedy output still equals plain, and fewer drafter forwards run."""
+    target = make_target("llama")
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    cls = hf_spec.EagleDrafter if kind == "eagle" else hf_spec.ParallelDrafter
+    forwards, from_ngram = {}, {}
+    for skip in (False, True):
+        drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_copy_nodes=8,
+                                  ngram_copy_skips_drafter=skip)  # fmt: skip
+        calls = count_drafter_forwards(monkeypatch)
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, tree_depth=2, tree_top_k=2,
+                              tree_total_tokens=2)  # fmt: skip
+        assert torch.equal(out, expected)
+        forwards[skip] = calls[0] / drafter.last_generation_stats.cycles
+        from_ngram[skip] = drafter.last_generation_stats.accepted_from_ngram
+    assert forwards[True] < forwards[False]  # the repetitive prompt makes copy cycles certain
+    assert from_ngram[True] > 0
+
+
+def test_deferred_pairs_reach_the_drafter_cache_as_if_never_skipped(monkeypatch):
+    """The pairs of a skipped (copy) cycle enter the drafter's cache with the next drafted cycle: that
+    cycle's tree equals the one of a session that drafted every cycle."""
+    target, drafter = oracle_pair("llama")
+    prompt = random_prompt(8)
+    ids = plain_generate(target, prompt, max_new_tokens=12, do_sample=False)
+    features = target.base_model(input_ids=ids).last_hidden_state[0]
+    shape = TreeShape(3, 2, 4)
+    sessions = [EagleDraftingSession(drafter, shape, False, 1.0, prompt) for _ in range(2)]
+    for session in sessions:
+        session.ngram_branches = 0  # trees from the drafter alone
+    length = prompt.shape[1]
+    steps = [(features[:length], ids[0, 1 : length + 1])] + [
+        (features[i : i + 1], ids[0, i + 1 : i + 2]) for i in range(length, length + 4)]  # fmt: skip
+    skip_at = {1, 2}
+    trees = {0: [], 1: []}
+    for step, (feats, tokens) in enumerate(steps):
+        trees[0].append(sessions[0].propose(feats, tokens))
+        if step in skip_at:  # what a copy cycle does: keep the pairs, draft nothing
+            sessions[1]._deferred.append((feats, tokens))
+            continue
+        _, feats, tokens = sessions[1].copy_or_commit(feats, tokens)
+        trees[1].append((step, sessions[1].propose(feats, tokens)))
+    for step, tree in trees[1]:
+        assert torch.equal(tree.tokens, trees[0][step].tokens) and torch.allclose(tree.scores, trees[0][step].scores)
+    assert sessions[0].committed == sessions[1].committed == length + 4  # every pair in the cache
+
+
+def test_sampled_distribution_with_drafter_skipping_copy_cycles_equals_target(monkeypatch):
+    """Skipping the drafter depends on the committed text only: the sampled law stays the target's."""
+    target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_copy_nodes=4, ngram_depth=3,
+                                               ngram_copy_skips_drafter=True)  # fmt: skip
+    calls = count_drafter_forwards(monkeypatch)
+    counts, cycles = sample_counts(target, prompt, drafter, 2468, "cycles", tree_depth=2, tree_top_k=2,
+                                   tree_total_tokens=2)  # fmt: skip
+    p_value = chi_square_pvalue(counts, exact)
+    assert p_value > P_VALUE_FLOOR, p_value
+    assert calls[0] < 2 * cycles  # some cycles skipped the drafter (a drafted cycle runs 2 forwards at depth 2)

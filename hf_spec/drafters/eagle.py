@@ -65,6 +65,10 @@ class EagleDrafterConfig(SpecDrafterConfig):
             suffix (4 tokens: the text is being copied, e.g. an edit of code in the prompt), up to
             this many n-gram nodes are grafted instead of ``ngram_branches`` (0: no such boost),
             so copies get the long chains prompt lookup would draft while other cycles stay cheap.
+        ngram_copy_skips_drafter: on such a copy cycle draft the n-gram trie alone (up to
+            ``ngram_copy_nodes`` nodes) and run no drafter forward; the cycle's committed pairs
+            enter the drafter's cache with the next drafted cycle's. The choice depends on the
+            committed text only, so sampling stays exact (point-mass drafts).
     """
 
     model_type = "hf_spec_eagle"
@@ -80,10 +84,12 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_branches: int = 0,
         ngram_depth: int | None = None,
         ngram_copy_nodes: int = 0,
+        ngram_copy_skips_drafter: bool = False,
         **kwargs,
     ):
         self.ngram_branches = check_ngram_branches(ngram_branches)
         self.ngram_copy_nodes = check_ngram_branches(ngram_copy_nodes, "ngram_copy_nodes")
+        self.ngram_copy_skips_drafter = bool(ngram_copy_skips_drafter)
         if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
             raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
         self.ngram_depth = ngram_depth
@@ -317,26 +323,62 @@ class EagleDraftingSession(DraftingSession):
         """N-gram nodes grafted per tree (0: off); set before the first :meth:`propose`."""
         self.prompt_ids = prompt_ids
         self._ngram = None
+        self._deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
+        """Committed (features, tokens) of copy cycles that skipped the drafter, not yet in its cache."""
 
     @property
     def supports_router(self) -> bool:
         """A CORAL LM-head router to draft through: only drafters that have one."""
         return self.drafter.router is not None
 
-    def graft_ngram(self, tree: DraftTree, next_tokens: torch.Tensor) -> DraftTree:
-        """Index the committed ``next_tokens`` and graft up to ``ngram_branches`` n-gram nodes
-        into ``tree`` (unchanged when the option is off)."""
+    def _index_ngrams(self, next_tokens: torch.Tensor) -> bool:
+        """Index the committed ``next_tokens`` for the n-gram branches; False when they are off."""
         if self.ngram_branches <= 0:
-            return tree
-        start = timing.clock(self.drafter.device)
+            return False
         if self._ngram is None:
             if self.prompt_ids is None:
                 raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
             self._ngram = NGramBranches(self.prompt_ids, datastore=self.drafter.ngram_datastore)
         self._ngram.extend(next_tokens)
+        return True
+
+    def graft_ngram(self, tree: DraftTree) -> DraftTree:
+        """Graft up to ``ngram_branches`` n-gram nodes (``ngram_copy_nodes`` on a copy cycle) into
+        ``tree`` (unchanged when the option is off)."""
+        if self.ngram_branches <= 0:
+            return tree
+        start = timing.clock(self.drafter.device)
         config = self.drafter.config
         tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample, depth=config.ngram_depth,
                                  copy_branches=config.ngram_copy_nodes)  # fmt: skip
+        self.forward_seconds += timing.clock(self.drafter.device) - start
+        return tree
+
+    def copy_or_commit(self, features: torch.Tensor, next_tokens: torch.Tensor):
+        """Index the committed tokens for the n-gram branches. On a copy cycle that skips the drafter
+        (``ngram_copy_skips_drafter``) return ``(n-gram tree, None, None)`` and keep the pairs for
+        later; else ``(None, features, next_tokens)`` with any kept pairs in front, for the drafter."""
+        if self._index_ngrams(next_tokens):
+            copy = self._copy_tree(next_tokens[-1])
+            if copy is not None:  # the drafter reads these pairs with the next drafted cycle's
+                self._deferred.append((features, next_tokens))
+                return copy, None, None
+        if self._deferred:
+            features = torch.cat([*(f for f, _ in self._deferred), features])
+            next_tokens = torch.cat([*(t for _, t in self._deferred), next_tokens])
+            self._deferred = []
+        return None, features, next_tokens
+
+    def _copy_tree(self, root_token: torch.Tensor) -> DraftTree | None:
+        """With ``ngram_copy_skips_drafter``, the n-gram trie alone on a copy cycle; else None."""
+        config = self.drafter.config
+        if not (config.ngram_copy_skips_drafter and config.ngram_copy_nodes):
+            return None
+        start = timing.clock(self.drafter.device)
+        depth = max(self.shape.depth, config.ngram_depth or 0)
+        tree = None
+        if self._ngram.is_copy(depth):
+            tree = self._ngram.tree(int(root_token), self.shape, config.ngram_copy_nodes, depth, root_token.device)
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
 
@@ -362,6 +404,9 @@ class EagleDraftingSession(DraftingSession):
 
     def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
         """Commit pairs (features[i], next_tokens[i]) and draft a tree rooted at ``next_tokens[-1]``."""
+        copy, features, next_tokens = self.copy_or_commit(features, next_tokens)
+        if copy is not None:
+            return copy
         device = features.device
         m = features.shape[0]
         positions = torch.arange(self.committed, self.committed + m, device=device)
@@ -391,4 +436,4 @@ class EagleDraftingSession(DraftingSession):
             tree = grow_dynamic_tree(next_tokens[-1], logq[-1], expand, shape, self.do_sample)  # no host read
         finally:
             crop_to(self.cache, committed)
-        return self.graft_ngram(tree, next_tokens)
+        return self.graft_ngram(tree)

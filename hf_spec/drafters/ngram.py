@@ -336,6 +336,21 @@ class NGramBranches:
         """Index newly committed tokens (one host read)."""
         self.index.extend(next_tokens.tolist())
 
+    def is_copy(self, depth: int) -> bool:
+        """Whether the context repeats its whole ``max_match``-token suffix (the answer is copying
+        earlier text): its best continuation is the context's own, at the longest match length.
+        A function of the committed text only."""
+        first = next(continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences), None)
+        return first is not None and first.position >= 0 and first.match_length >= self.index.max_match
+
+    def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
+        """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
+        ``depth``, ``shape.top_k`` branches per node; every drafted node is marked ``from_ngram``."""
+        continuations = continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences)
+        tree = trie_to_draft_tree(root_token, build_trie(continuations, num_nodes, depth, shape.top_k), device=device)
+        tree.from_ngram = torch.arange(len(tree)) > 0
+        return tree
+
     def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None,
               copy_branches: int = 0) -> DraftTree:  # fmt: skip
         """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: branching, and depth unless

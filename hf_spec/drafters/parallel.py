@@ -201,7 +201,10 @@ class ParallelDraftingSession(EagleDraftingSession):
 
     def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
         """Commit pairs (features[i], next_tokens[i]) and draft a static tree rooted at ``next_tokens[-1]``."""
+        copy, features, next_tokens = self.copy_or_commit(features, next_tokens)
+        if copy is not None:
+            return copy
         logq = self.draft_distributions(features, next_tokens)
         tree = build_static_tree(int(next_tokens[-1]), logq, self.shape.widths, self.do_sample,
                                  total_tokens=self.shape.total_tokens)  # fmt: skip
-        return self.graft_ngram(tree, next_tokens)
+        return self.graft_ngram(tree)

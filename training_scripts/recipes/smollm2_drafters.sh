@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The shipped SmolLM2-135M drafters, end to end on a 2-core CPU (drafters/README.md):
-#   1. self-distil 3,200 ShareGPT first turns, keeping the target's features (one target pass)
+#   1. self-distil 4,480 ShareGPT first turns, keeping the target's features (one target pass)
 #   2. train EAGLE, HASS, ParallelSpec and CORAL on that cache, EPOCHS (default 2) epochs each, same settings
 #   3. publish each into drafters/; measure each drafter's shape candidates (tau, verified nodes) on held-aside
 #      prompts (3..5 of each set) for the run-time shape choice (benchmarks/shape_candidates/)
@@ -22,8 +22,8 @@ COMMON="--target_model smollm2-135m-instruct --dataset sharegpt --feature_cache 
   --logging_steps 10 --save_steps 50 --save_total_limit 2 --report_to none"
 
 if [[ " $STEPS " == *" distill "* ]]; then
-  OMP_NUM_THREADS=1 python -m hf_spec.training.distill --target_model smollm2-135m-instruct --dataset sharegpt \
-    --num_conversations 3200 --batch_size 64 --shard_examples 128 --threads 1 --output $CACHE
+  OMP_NUM_THREADS=2 python -m hf_spec.training.distill --target_model smollm2-135m-instruct --dataset sharegpt \
+    --num_conversations 4480 --batch_size 64 --shard_examples 128 --threads 2 --output $CACHE
 fi
 if [[ " $STEPS " == *" train "* ]]; then
   for method in $METHODS; do
@@ -38,37 +38,30 @@ if [[ " $STEPS " == *" train "* ]]; then
   done
 fi
 if [[ " $STEPS " == *" publish "* ]]; then
-  # Each folder ships the n-gram datastore of the cache's answers (the target's own greedy text) and 3 n-gram nodes
-  # up to depth 8; a re-published folder keeps its shape fields (fallback tree d2/k4/t3, ParallelSpec widths 2/1,
-  # copy chains, candidates: publish_drafter.py TUNED_FIELDS).
+  # Each folder ships the n-gram datastore of the cache's answers (the target's own greedy text); a re-published
+  # folder keeps its shape and n-gram fields (fallback tree, ParallelSpec widths 2/1, n-gram nodes and depth, copy
+  # chains, candidates: publish_drafter.py TUNED_FIELDS).
   for method in $METHODS; do
     python training_scripts/publish_drafter.py runs/train/$method $D-$method --command "$RECIPE" \
-      --ngram-datastore $CACHE --ngram-branches 3 --ngram-depth 8 $([ "$method" = parallelspec ] && echo --tree-widths 2 1)
+      --ngram-datastore $CACHE $([ "$method" = parallelspec ] && echo --tree-widths 2 1)
   done
   # the shape candidates each drafter chooses among at run time, measured on held-aside prompts 3..5
   python benchmarks/shape_candidates/measure.py benchmarks/shape_candidates/candidates.json $METHODS
   python benchmarks/shape_candidates/write.py benchmarks/shape_candidates/candidates.json
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
-  # hf_spec:$D-hass is the shipped default (4 n-gram branches up to depth 8 + datastore, benchmarks/ngram_branches/)
-  methods="plain prompt_lookup hf_spec:ngram hf_spec:ngram:datastore=$D-hass hf_spec:$D-eagle hf_spec:$D-hass:ngram=0
-    hf_spec:$D-hass:ngram=8:no_datastore hf_spec:$D-hass hf_spec:$D-parallelspec hf_spec:$D-coral
-    hf_spec:$D-coral:no_router"
-  out=benchmarks/smollm2-drafters-that-pay
-  hf-spec bench --target smollm2-135m-instruct --methods $methods --limit 3 --max-new-tokens 128 --dtype bfloat16 \
-    --threads 2 --output-dir $out/first3
-  hf-spec bench --target smollm2-135m-instruct --methods $methods --skip 6 --limit 3 --max-new-tokens 128 \
-    --dtype bfloat16 --threads 2 --output-dir $out/heldout
-  hf-spec bench --target smollm2-135m-instruct --datasets code_edit --limit 4 --max-new-tokens 128 --dtype bfloat16 \
-    --threads 2 --methods plain prompt_lookup hf_spec:ngram hf_spec:ngram:datastore=$D-hass hf_spec:$D-hass:ngram=0 \
-    hf_spec:$D-hass:ngram=8:no_datastore hf_spec:$D-hass \
-    --output-dir $out/code_edit
-  # cards carry the first run's results; HASS ships with 4 n-gram branches (depth 8) and its datastore, chosen on
-  # held-aside prompts 3..5 (benchmarks/ngram_branches/)
+  # every drafter with its run-time shape and the folder's n-gram settings, beside plain, prompt lookup and the
+  # weightless NGramDrafter; HASS once more with its fixed fallback shape
+  methods="plain prompt_lookup hf_spec:ngram hf_spec:ngram:datastore=$D-hass hf_spec:$D-eagle hf_spec:$D-hass
+    hf_spec:$D-coral hf_spec:$D-parallelspec hf_spec:$D-hass:fixed_shape"
+  out=${BENCH_OUT:-benchmarks/smollm2-drafters-that-pay/latest}
+  common="--target smollm2-135m-instruct --max-new-tokens 128 --dtype bfloat16 --threads 2 --methods $methods"
+  hf-spec bench $common --limit 3 --output-dir $out/first3
+  hf-spec bench $common --skip 6 --limit 3 --output-dir $out/heldout
+  hf-spec bench $common --datasets code_edit --limit 4 --output-dir $out/code_edit
+  # cards carry the first run's results
   for method in $METHODS; do
-    if [ "$method" = hass ]; then extra="--ngram-branches 4 --ngram-depth 8 --bench-method hf_spec:$D-hass --ngram-datastore $CACHE"
-    else extra=""; fi
-    python training_scripts/publish_drafter.py runs/train/$method $D-$method --bench $out/first3/results.json \
-      --command "$RECIPE" $extra
+    python training_scripts/publish_drafter.py $D-$method $D-$method --bench $out/first3/results.json \
+      --command "$RECIPE"
   done
 fi

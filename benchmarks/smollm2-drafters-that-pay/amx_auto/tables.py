@@ -1,6 +1,9 @@
-"""Markdown tables of the amx_auto runs (speedups over plain and over prompt lookup, same run)."""
-import json, math
-B = "benchmarks/smollm2-drafters-that-pay/amx_auto/"
+"""Markdown tables of the amx_* runs (speedups over plain and over prompt lookup, same run).
+
+    python benchmarks/smollm2-drafters-that-pay/amx_auto/tables.py [RUN FOLDER, default amx_auto]
+"""
+import json, math, sys
+B = "benchmarks/smollm2-drafters-that-pay/" + (sys.argv[1] if len(sys.argv) > 1 else "amx_auto") + "/"
 D = "hf_spec:drafters/smollm2-135m-instruct-"
 NAMES = {"plain": "plain greedy", "prompt_lookup": "transformers prompt lookup", "hf_spec:ngram": "`NGramDrafter` (8 nodes)",
          "hf_spec:ngram:tokens=16": "`NGramDrafter` (16 nodes)", "hf_spec:ngram:datastore=drafters/smollm2-135m-instruct-hass":
@@ -11,6 +14,8 @@ runs = {k: json.load(open(B + k + "/results.json")) for k in ("first3", "heldout
 print("| method | τ first 3 | × plain | × PL | τ held-out | × plain | × PL | τ code edit | × plain | × PL |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for m, label in NAMES.items():
+    if not any(m in run["summary"]["all"] for run in runs.values()):
+        continue
     cells = []
     for k, run in runs.items():
         a = run["summary"]["all"]
@@ -28,6 +33,8 @@ print("| method | " + " | ".join(f"{k} {ds}" for k in ("first3", "heldout") for 
 print("|---|" + "---:|" * 8)
 for m in ["hf_spec:ngram", "hf_spec:ngram:tokens=16", "hf_spec:ngram:datastore=drafters/smollm2-135m-instruct-hass",
           D + "eagle", D + "hass", D + "coral", D + "parallelspec"]:
+    if m not in runs["first3"]["summary"]["all"]:
+        continue
     ratios = []
     for k in ("first3", "heldout"):
         for ds in ("mt_bench", "humaneval", "gsm8k"):
@@ -39,7 +46,10 @@ print()
 print("Papers' comparison, n-gram branches off, fixed tree d2/k4/t3 (same two runs):")
 print("| drafter | τ first 3 | × plain | τ held-out | × plain | draft ms/cycle | 1st / 2nd draft accepted (held-out) |")
 print("|---|---:|---:|---:|---:|---:|---:|")
-P = {k: json.load(open(B + "papers_no_ngram/" + k + "/results.json")) for k in ("first3", "heldout")}
+try:
+    P = {k: json.load(open(B + "papers_no_ngram/" + k + "/results.json")) for k in ("first3", "heldout")}
+except FileNotFoundError:
+    P = {k: json.load(open(B + "../amx_auto/papers_no_ngram/" + k + "/results.json")) for k in ("first3", "heldout")}
 for m, label in [("prompt_lookup", "transformers prompt lookup"), (D + "eagle:ngram=0", "EAGLE"), (D + "hass:ngram=0", "HASS"),
                  (D + "coral:ngram=0", "CORAL, router on"), (D + "coral:no_router:ngram=0", "CORAL, router off"),
                  (D + "parallelspec:ngram=0", "ParallelSpec")]:
