@@ -5,7 +5,11 @@ the one integration point (see :mod:`hf_spec.generation`): afterwards
 ``target.generate(input_ids, assistant_model=drafter)`` runs hf-spec's tree decoding.
 """
 
-from transformers import AutoConfig, AutoModel
+from .hardware import configure_mkl
+
+configure_mkl()  # before any float32 product: MKL reads it at its first call (hf_spec.hardware)
+
+from transformers import AutoConfig, AutoModel  # noqa: E402
 
 from .drafters import (
     Eagle3Drafter,

@@ -10,6 +10,9 @@ import shlex
 import sys
 from typing import Callable, Sequence
 
+DTYPE_HELP = ("auto (default): bfloat16 where the device computes it natively (AVX512-BF16/AMX CPUs, most GPUs), else "
+              "float32, since emulated bf16 makes tree verification as dear as that many decoding steps (hf_spec.hardware)")
+
 # Each subcommand: (name, help, add_arguments(parser), run(args) -> exit code).
 # `demo` and `train` are added here by their modules, the same way.
 
@@ -45,7 +48,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each data set")
     p.add_argument("--skip", type=int, default=0, help="leave out the first N prompts of each data set (held-out runs)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help=DTYPE_HELP)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--tree-depth", type=int, default=None, help="hf_spec drafters: tree depth (default: the drafter's)")
     p.add_argument("--tree-top-k", type=int, default=None, help="hf_spec drafters: children per expanded node")
@@ -54,10 +57,11 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from .bench.harness import DTYPES, BenchSettings, build_prompts, load_model, parse_method, run_benchmark, run_metadata, summarize
+    from .bench.harness import BenchSettings, build_prompts, load_model, parse_method, run_benchmark, run_metadata, summarize
     from .bench.report import write_report
+    from .hardware import resolve_dtype
 
-    dtype = DTYPES[args.dtype]
+    dtype = resolve_dtype(args.dtype)
     if args.threads:
         import torch
 
@@ -90,7 +94,7 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", help="a prompt to answer (repeatable); default: the demo's three "
                    "fixed prompts, one explanation, one coding and one arithmetic request")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"], help=DTYPE_HELP)
     p.add_argument("--repeats", type=int, default=2, help="interleaved timing runs of each method (best is kept)")
 
 
@@ -111,7 +115,7 @@ def _add_tune(p: argparse.ArgumentParser) -> None:
     grid = TuneGrid()
     p.add_argument("--target", default=DEFAULT_MODEL, help="packaged model name or local model directory")
     p.add_argument("--drafter", required=True, help="local directory of a dynamic-tree drafter (EAGLE / HASS / CORAL)")
-    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help=DTYPE_HELP)
     p.add_argument("--device", default="cpu", help="torch device, e.g. cuda (tune on the hardware you serve on)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--prompts", type=int, default=2, help="held-aside prompts per data set (MT-bench, HumanEval, GSM8K)")
@@ -134,13 +138,16 @@ def _run_tune(args: argparse.Namespace) -> int:
     import torch
 
     from .bench.datasets import bench_prompt_ids
-    from .bench.harness import DTYPES, load_model
+    from .bench.harness import load_model
+    from .hardware import resolve_dtype
     from .tune import QUICK_GRID, TuneGrid, default_output, format_table, machine_description, now_utc, tune, write_tree_shape
 
     import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
     from transformers import AutoModel
 
-    dtype, device = DTYPES[args.dtype], torch.device(args.device)
+    device = torch.device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    args.dtype = str(dtype).removeprefix("torch.")
     if args.threads:
         torch.set_num_threads(args.threads)
     if not os.path.isfile(os.path.join(args.drafter, "config.json")):

@@ -39,15 +39,19 @@ def _best_of(fn, repeats: int):
     return out, best
 
 
-def run_demo(prompts=DEMO_PROMPTS, max_new_tokens: int = 128, dtype: str = "bfloat16", repeats: int = 2) -> dict:
+def run_demo(prompts=DEMO_PROMPTS, max_new_tokens: int = 128, dtype: str = "auto", repeats: int = 2) -> dict:
     """Answer each prompt with plain greedy and with speculative decoding; print and return the comparison.
 
     Methods alternate per prompt and each keeps its best of ``repeats`` runs, so machine drift hits both
-    alike; the speedup is total tokens per second over all prompts, speculative over plain.
+    alike; the speedup is total tokens per second over all prompts, speculative over plain. ``dtype``
+    "auto" is bfloat16 on a CPU that computes it natively, else float32 (:mod:`hf_spec.hardware`).
     """
     import hf_spec
     from hf_spec.resources import load_packaged_model
 
+    from hf_spec.hardware import resolve_dtype
+
+    dtype = str(resolve_dtype(dtype)).removeprefix("torch.")
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     model, tokenizer = load_packaged_model(DEFAULT_TARGET, dtype=getattr(torch, dtype))
     drafter_path = shipped_drafter_path(DEFAULT_TARGET)

@@ -20,6 +20,7 @@ from transformers import GenerationMixin
 from . import compat
 from .decoding import check_batch_supported, decode, is_batched
 from .drafters.base import SpecDrafterModel
+from .hardware import warn_if_emulated_bf16
 from .tune import select_shape
 from .stats import GenerationStats
 
@@ -87,6 +88,7 @@ def speculative_decode(
     :func:`hf_spec.decoding.decode` (one prompt or a left-padded batch).
     """
     check_supported(model, input_ids, generation_config, model_kwargs)
+    warn_if_emulated_bf16(model)
     if not drafter.is_bound_to(model):
         drafter.bind(model)
     do_sample = bool(generation_config.do_sample)

@@ -518,6 +518,7 @@ def _profile_key(model, drafter, candidates: list[dict]) -> str:
     info = machine_info(model.dtype)
     stable = {k: info.get(k) for k in ("cpu", "cores", "platform", "python", "torch", "transformers", "dtype")}
     stable["cpu_flags"] = _cpu_flags_digest()  # two CPUs can share a model name ("Intel(R) Xeon(R) Processor"), not AMX
+    stable["mkl_cbwr"] = os.environ.get("MKL_CBWR")  # MKL's code path changes float32 costs (hf_spec.hardware)
     if device.type == "cuda":
         stable["gpu"] = torch.cuda.get_device_name(device)
     target = model.config.get_text_config().to_dict()
@@ -532,11 +533,9 @@ def _profile_key(model, drafter, candidates: list[dict]) -> str:
 
 def _cpu_flags_digest() -> str | None:
     """A digest of the CPU's feature flags (/proc/cpuinfo), None where they cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
-    except OSError:
-        return None
+    from .hardware import cpu_flags
+
+    flags = cpu_flags()
     return hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16] if flags else None
 
 

@@ -44,6 +44,8 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from ..hardware import DTYPE_NAMES
+
 __all__ = [
     "BenchSettings",
     "Method",
@@ -56,7 +58,7 @@ __all__ = [
     "machine_info",
 ]
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+DTYPES = DTYPE_NAMES  # the names the --dtype options take
 
 
 @dataclass
