@@ -53,7 +53,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import compat, timing
 from .cache import crop_to, gather_positions, keep_accepted, select_rows
-from .drafters.session import DraftingSession, check_ngram_branches
+from .drafters.session import DraftingSession, TargetOnlySession, check_ngram_branches
 from .stats import BatchGenerationStats, GenerationStats
 from .tree.tree import DraftTree
 from .verify import WalkResult, greedy_plan, greedy_result, verify_tree
@@ -469,12 +469,13 @@ class _Call:
 
 def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, *, drafter, shape,
            do_sample: bool, temperature: float, attention_mask=None, streamer=None, use_router: bool | None = None,
-           ngram_branches: int | None = None):  # fmt: skip
+           ngram_branches: int | None = None, target_only: bool = False):  # fmt: skip
     """Tree speculative decoding of ``input_ids`` (one prompt, or a left-padded batch); returns
     what ``generate()`` would.
 
     Called by :func:`hf_spec.generation.speculative_decode` after its checks, with the drafter
-    bound and the tree shape validated.
+    bound and the tree shape validated. ``target_only``: draft nothing (every tree is its root,
+    :class:`~hf_spec.drafters.session.TargetOnlySession`), one target step per cycle.
     """
     device = model.device
     input_ids = input_ids.to(device)
@@ -507,7 +508,8 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     for r in range(batch):
         start = layout.prompt_start(r)
         row_prompt = input_ids[r : r + 1, start:]
-        session = new_session(drafter, model, shape, do_sample, temperature, row_prompt, use_router, ngram_branches)
+        session = (TargetOnlySession() if target_only else
+                   new_session(drafter, model, shape, do_sample, temperature, row_prompt, use_router, ngram_branches))
         first, scores = call.first_token(r, input_ids[r : r + 1], last_logits[r])
         rows.append(_Row(index=r, session=session, sequence=input_ids[r : r + 1],
                          pending_features=target.drafter_features[r, start:],

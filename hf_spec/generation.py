@@ -84,7 +84,8 @@ def speculative_decode(
     stopping criteria and generation config. Returns what ``generate`` would. After the checks
     it binds the drafter if needed, resolves the tree shape (a call that sets none of the shape
     options gets the drafter's fastest shape candidate on this machine, :mod:`hf_spec.shape_select`,
-    when its config has candidates), and runs
+    when its config has candidates; when even that one is predicted slower than a plain step, the
+    call drafts nothing and runs one target step per cycle, exact and as fast as plain), and runs
     :func:`hf_spec.decoding.decode` (one prompt or a left-padded batch).
     """
     check_supported(model, input_ids, generation_config, model_kwargs)
@@ -106,10 +107,12 @@ def speculative_decode(
     output = decode(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter=drafter,
                     shape=shape, do_sample=do_sample, temperature=temperature,
                     attention_mask=model_kwargs.get("attention_mask"), streamer=streamer, use_router=use_router,
-                    ngram_branches=ngram_branches)  # fmt: skip
+                    ngram_branches=ngram_branches, target_only=choice is not None and choice.plain_is_faster)  # fmt: skip
     if choice is not None:
         drafter.last_generation_stats.shape_choice = {**choice.candidate,
-                                                      "predicted_ms_per_token": choice.predicted_ms_per_token}  # fmt: skip
+                                                      "predicted_ms_per_token": choice.predicted_ms_per_token,
+                                                      "plain_ms_per_token": choice.plain_ms_per_token,
+                                                      "drafted": not choice.plain_is_faster}  # fmt: skip
     return output
 
 

@@ -143,8 +143,16 @@ def choose_candidate(candidates: list[dict], profile: CostProfile) -> int:
 @dataclass
 class ShapeChoice:
     """The candidate :func:`hf_spec.tune.select_shape` chose: its ``generate()`` ``options`` and the whole
-    ``candidate`` (options, τ, verified nodes) with the ``predicted_ms_per_token`` on this machine."""
+    ``candidate`` (options, τ, verified nodes) with the ``predicted_ms_per_token`` on this machine;
+    ``plain_ms_per_token``: this machine's one-token target step (verification of the root alone)."""
 
     options: dict
     candidate: dict
     predicted_ms_per_token: float
+    plain_ms_per_token: float | None = None
+
+    @property
+    def plain_is_faster(self) -> bool:
+        """Whether even the best candidate is predicted slower than plain decoding (e.g. bf16 emulated on a
+        CPU, where verifying k tokens costs ~k steps): the loop then drafts nothing."""
+        return self.plain_ms_per_token is not None and self.predicted_ms_per_token > self.plain_ms_per_token

@@ -621,8 +621,10 @@ def select_shape(model, drafter) -> ShapeChoice | None:
         _calibrating = False
     best = choose_candidate(candidates, profile)
     predicted = predict_ms_per_token(candidates[best], profile.verify_ms, profile.cycle_ms[best])
+    plain = profile.verify_ms.get(1)
     return ShapeChoice(options=candidate_options(candidates[best]), candidate=dict(candidates[best]),
-                       predicted_ms_per_token=round(predicted, 3))  # fmt: skip
+                       predicted_ms_per_token=round(predicted, 3),
+                       plain_ms_per_token=None if plain is None else round(plain, 3))  # fmt: skip
 
 
 def write_shape_candidates(drafter_dir, candidates: Sequence[dict], provenance: dict) -> Path:

@@ -76,6 +76,24 @@ def test_generate_uses_a_candidate_and_stays_lossless(tmp_path, monkeypatch):
     assert drafter.last_generation_stats.shape_choice == chosen
 
 
+@pytest.mark.parametrize("emulated", [True, False])
+def test_when_no_tree_can_pay_the_call_drafts_nothing_and_stays_exact(tmp_path, monkeypatch, emulated):
+    target, drafter = _drafter_with_candidates(tmp_path, monkeypatch, tree_shape_candidates=[SMALL, WIDE])
+    # emulated bf16 on a CPU: every verified token costs a whole step; else nearly flat verification
+    verify = {n: 20.0 * n if emulated else 20.0 + 0.1 * n for n in tune.VERIFY_SIZES}
+    monkeypatch.setattr(tune, "measure_costs", lambda model, drafter, candidates, key="": CostProfile(verify, [3.0, 9.0], key))
+    prompt = random_prompt(8)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=24, do_sample=False)
+    assert torch.equal(out, plain_generate(target, prompt, max_new_tokens=24, do_sample=False))
+    stats = drafter.last_generation_stats
+    assert stats.shape_choice["plain_ms_per_token"] == pytest.approx(verify[1])
+    # SMALL's prediction: (t(3 verified nodes) + 3 ms) / tau 1.8 = 35 ms > 20 ms emulated; 12.9 ms < 20.1 ms flat
+    assert stats.shape_choice["drafted"] is not emulated
+    assert (max(stats.tree_sizes) == 1) is emulated  # root-only trees: one target step per cycle
+    if emulated:
+        assert stats.tau == 1.0
+
+
 def test_explicit_options_and_auto_off_keep_the_configured_shape(tmp_path, monkeypatch):
     target, drafter = _drafter_with_candidates(tmp_path, monkeypatch, tree_shape_candidates=[SMALL, WIDE])
     monkeypatch.setattr(tune, "measure_costs", lambda *a, **k: pytest.fail("no choice was asked for"))
