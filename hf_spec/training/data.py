@@ -32,8 +32,9 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import compat
+from ..hardware import DTYPE_NAMES
 
-FEATURE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+FEATURE_DTYPES = DTYPE_NAMES  # the dtype names every --dtype / --storage option takes
 _META_FILE = "hf_spec_features.json"
 
 
