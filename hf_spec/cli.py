@@ -139,7 +139,7 @@ def _run_tune(args: argparse.Namespace) -> int:
 
     from .bench.datasets import bench_prompt_ids
     from .bench.harness import load_model
-    from .hardware import resolve_dtype
+    from .hardware import dtype_name, resolve_dtype
     from .tune import QUICK_GRID, TuneGrid, default_output, format_table, machine_description, now_utc, tune, write_tree_shape
 
     import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
@@ -147,7 +147,7 @@ def _run_tune(args: argparse.Namespace) -> int:
 
     device = torch.device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    args.dtype = str(dtype).removeprefix("torch.")
+    args.dtype = dtype_name(dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
     if not os.path.isfile(os.path.join(args.drafter, "config.json")):

@@ -47,10 +47,10 @@ def run_demo(prompts=DEMO_PROMPTS, max_new_tokens: int = 128, dtype: str = "auto
     "auto" is bfloat16 on a CPU that computes it natively, else float32 (:mod:`hf_spec.hardware`).
     """
     import hf_spec
-    from hf_spec.hardware import resolve_dtype
+    from hf_spec.hardware import dtype_name, resolve_dtype
     from hf_spec.resources import load_packaged_model
 
-    dtype = str(resolve_dtype(dtype)).removeprefix("torch.")
+    dtype = dtype_name(resolve_dtype(dtype))
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     model, tokenizer = load_packaged_model(DEFAULT_TARGET, dtype=getattr(torch, dtype))
     drafter_path = shipped_drafter_path(DEFAULT_TARGET)

@@ -92,6 +92,11 @@ def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
     return DTYPE_NAMES[name]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: the name every ``--dtype`` option and record uses."""
+    return str(dtype).removeprefix("torch.")
+
+
 _warned = False
 
 

@@ -450,3 +450,25 @@ def test_training_script_parses_its_arguments(script):
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.lstrip().startswith("usage:")
+
+
+def test_warm_start_keeps_weights_and_draft_vocab_and_rejects_another_family(feature_cache, tmp_path):
+    """``--init_drafter``: continuing a trained drafter on new data starts from exactly its weights and draft
+    vocabulary, in float32, bound to the target; a checkpoint of another family is refused with the fix."""
+    from hf_spec.training.pipeline import warm_start_drafter
+
+    target, path = feature_cache
+    dataset, _ = load_feature_cache(path)
+    counts = assistant_token_counts(dataset, target.config.vocab_size)
+    torch.manual_seed(0)
+    trained = hf_spec.EagleDrafter.from_target(target).set_draft_vocab(counts, 16)
+    trained.to(torch.bfloat16).save_pretrained(tmp_path / "trained")
+    drafter, coverage = warm_start_drafter(hf_spec.EagleDrafter, str(tmp_path / "trained"), target, "hass", dataset)
+    assert drafter.dtype == torch.float32 and drafter.config.training_method == "hass"
+    assert torch.equal(drafter.draft_ids, trained.draft_ids)
+    for name, tensor in trained.state_dict().items():
+        torch.testing.assert_close(drafter.state_dict()[name].to(tensor.dtype), tensor, rtol=0, atol=0, msg=name)
+    assert coverage == pytest.approx(float(counts[trained.draft_ids].sum() / counts.sum())) and coverage < 1.0
+    hf_spec.ParallelDrafter.from_target(target).save_pretrained(tmp_path / "parallel")
+    with pytest.raises(ValueError, match="same family|not a EagleDrafter"):
+        warm_start_drafter(hf_spec.EagleDrafter, str(tmp_path / "parallel"), target, "hass", dataset)

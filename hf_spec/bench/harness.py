@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..hardware import DTYPE_NAMES
+from ..hardware import DTYPE_NAMES, dtype_name
 
 __all__ = [
     "BenchSettings",
@@ -436,7 +436,7 @@ def machine_info(dtype: torch.dtype) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "cuda": torch.cuda.is_available(),
         "load_average_1_5_15min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": dtype_name(dtype),
     }
 
 

@@ -52,6 +52,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..hardware import dtype_name
+
 SPECULATORS_VERSION = "0.9.0"
 """speculators release whose ``eagle3`` schema the export writes and the tests load with."""
 LEGACY_EAGLE_SCHEMA_VERSION = "0.4.0"
@@ -95,7 +97,7 @@ def _load(drafter_or_path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 def _dtype_name(weights: dict[str, torch.Tensor]) -> str | None:
     dtypes = {t.dtype for t in weights.values() if t.is_floating_point()}
-    return str(next(iter(dtypes))).removeprefix("torch.") if len(dtypes) == 1 else None
+    return dtype_name(next(iter(dtypes))) if len(dtypes) == 1 else None
 
 
 def _verifier_block(config: dict, algorithm: str, speculative_tokens: int | None, verifier_name_or_path: str | None) -> dict:

@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import compat
-from ..hardware import DTYPE_NAMES
+from ..hardware import DTYPE_NAMES, resolve_dtype
 
 FEATURE_DTYPES = DTYPE_NAMES  # the dtype names every --dtype / --storage option takes
 _META_FILE = "hf_spec_features.json"
@@ -500,7 +500,7 @@ def main(argv=None):
     ft = sub.add_parser("features", help="cache target features as datasets shards")
     ly = sub.add_parser("layers", help="copy a feature cache, adding the inputs of target layers (EAGLE-3)")
     ly.add_argument("--target_model", default="smollm2-135m-instruct", help="packaged name or local path")
-    ly.add_argument("--dtype", default="bfloat16", choices=sorted(FEATURE_DTYPES))
+    ly.add_argument("--dtype", default="auto", choices=["auto", *sorted(FEATURE_DTYPES)])
     ly.add_argument("--feature_cache", required=True, help="the cache to extend")
     ly.add_argument("--layers", type=int, nargs="+", required=True, help="target layer ids, e.g. 2 15 27")
     ly.add_argument("--output", default=None, help="default: CACHE+layers-<ids> beside it")
@@ -508,7 +508,7 @@ def main(argv=None):
         p.add_argument("--target_model", default="smollm2-135m-instruct", help="packaged name or local path")
         p.add_argument("--dataset", default="sharegpt", help="sharegpt | chitchat | path to .jsonl")
         p.add_argument("--num_conversations", type=int, default=None)
-        p.add_argument("--dtype", default="bfloat16", choices=sorted(FEATURE_DTYPES))
+        p.add_argument("--dtype", default="auto", choices=["auto", *sorted(FEATURE_DTYPES)])
         p.add_argument("--output", required=True)
     sd.add_argument("--max_new_tokens", type=int, default=256)
     sd.add_argument("--max_turns", type=int, default=2)
@@ -518,7 +518,7 @@ def main(argv=None):
     ft.add_argument("--max_length", type=int, default=1024)
     ft.add_argument("--storage", default="bfloat16", choices=sorted(FEATURE_DTYPES))
     args = parser.parse_args(argv)
-    target, tokenizer = load_target(args.target_model, FEATURE_DTYPES[args.dtype])
+    target, tokenizer = load_target(args.target_model, resolve_dtype(args.dtype))
     if args.command == "layers":
         print(add_layer_features(args.feature_cache, target, args.layers, args.output))
         return

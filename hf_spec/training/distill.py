@@ -205,6 +205,7 @@ def write_cache_meta(output_dir: str, target, storage: str, max_new_tokens: int,
 def main(argv=None):
     import argparse
 
+    from ..hardware import resolve_dtype
     from .data import FEATURE_DTYPES, load_conversations, load_target
 
     parser = argparse.ArgumentParser(prog="python -m hf_spec.training.distill", description=__doc__.split("\n")[0])
@@ -212,7 +213,8 @@ def main(argv=None):
     parser.add_argument("--dataset", default="sharegpt", help="sharegpt | chitchat | path to .jsonl")
     parser.add_argument("--num_conversations", type=int, default=3200, help="prompts to answer (first usable ones after shuffling)")
     parser.add_argument("--shuffle_seed", type=int, default=0)
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(FEATURE_DTYPES))
+    parser.add_argument("--dtype", default="auto", choices=["auto", *sorted(FEATURE_DTYPES)],
+                        help="the target's compute dtype (auto: bf16 where this device computes it natively)")
     parser.add_argument("--storage", default="bfloat16", choices=sorted(FEATURE_DTYPES))
     parser.add_argument("--max_new_tokens", type=int, default=256)
     parser.add_argument("--max_prompt_tokens", type=int, default=256)
@@ -223,7 +225,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(args.target_model, FEATURE_DTYPES[args.dtype])
+    target, tokenizer = load_target(args.target_model, resolve_dtype(args.dtype))
     conversations = load_conversations(args.dataset)
     random.Random(args.shuffle_seed).shuffle(conversations)
     distill_features(target, tokenizer, conversations, args.output, args.max_new_tokens, args.max_prompt_tokens,

@@ -22,11 +22,12 @@ from .. import draft_vocab
 from ..drafters import EagleDrafter, ParallelDrafter
 from ..drafters.eagle3 import Eagle3Drafter, default_aux_layer_ids
 from ..drafters.router import frequency_order
+from ..hub.convert import AutoDrafter
+from ..hardware import resolve_dtype
 from ..resources import cache_dir
 from .collators import FeatureCollator
 from .data import (
     _META_FILE,
-    FEATURE_DTYPES,
     add_layer_features,
     build_feature_cache,
     feature_cache_dir,
@@ -55,8 +56,9 @@ class DataArguments:
     target_model: str = field(default="smollm2-135m-instruct", metadata={"help": "packaged model name or local path"})
     dataset: str = field(default="sharegpt", metadata={"help": "sharegpt | chitchat | path to a .jsonl of conversations"})
     num_conversations: int | None = field(default=None, metadata={"help": "use the first N usable conversations (all if unset)"})
-    feature_dtype: str = field(default="bfloat16", metadata={"help": "dtype the target runs in when caching features; "
-                                                                     "match the dtype you will decode in"})
+    feature_dtype: str = field(default="auto", metadata={"help": "dtype the target runs in when caching features; match "
+                                                                "the dtype you will decode in (auto: bf16 where this "
+                                                                "device computes it natively, else float32)"})
     feature_storage: str = field(default="bfloat16", metadata={"help": "on-disk feature dtype: bfloat16 | float16 | float32"})
     feature_cache: str | None = field(default=None, metadata={"help": "feature cache directory (default: derived from the "
                                                                       "target/data/length under $HF_SPEC_CACHE/features)"})
@@ -64,6 +66,9 @@ class DataArguments:
     draft_vocab_size: int | None = field(default=8192, metadata={"help": "draft vocabulary: the D most frequent assistant "
                                                                      "tokens of the data (FR-Spec/EAGLE-3); 0 or unset: the "
                                                                      "full target vocabulary"})
+    init_drafter: str | None = field(default=None, metadata={"help": "warm start: a trained drafter folder of the same "
+                                                                "family to continue training (e.g. on new data); its "
+                                                                "weights, draft vocabulary and layers are kept"})
 
 
 def prepare_features(data_args: DataArguments, training_args, aux_layer_ids=None):
@@ -73,7 +78,7 @@ def prepare_features(data_args: DataArguments, training_args, aux_layer_ids=None
     ``aux_layer_ids``: target layer ids (or a function of the target giving them) whose inputs the drafter
     reads (EAGLE-3): the cache is then the copy of the feature cache extended with them
     (:func:`~hf_spec.training.data.layer_cache_dir`), built on first use."""
-    target, tokenizer = load_target(data_args.target_model, FEATURE_DTYPES[data_args.feature_dtype])
+    target, tokenizer = load_target(data_args.target_model, resolve_dtype(data_args.feature_dtype))
     cache = data_args.feature_cache or feature_cache_dir(
         str(cache_dir() / "features"), data_args.target_model, data_args.dataset, data_args.num_conversations,
         training_args.max_length, data_args.feature_storage,
@@ -125,6 +130,29 @@ def attach_draft_vocab(drafter, dataset, size: int | None) -> float | None:
     print(f"[hf_spec] draft vocabulary: {size} of {vocab} target ids cover {share:.2%} of the assistant tokens",
           flush=True)  # fmt: skip
     return share
+
+
+def warm_start_drafter(drafter_class, path: str, target, method: str, dataset):
+    """(drafter, coverage): a trained ``drafter_class`` checkpoint at ``path``, bound to ``target`` in float32 to be trained further by
+    ``method`` on ``dataset``: weights, layers and draft vocabulary are kept (the vocabulary's coverage of the new
+    data is printed and returned beside it, None without a draft vocabulary)."""
+    try:
+        drafter = AutoDrafter.from_pretrained(path)  # the family its config names, not a silent reinterpretation
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--init_drafter {path!r} is not a {drafter_class.__name__} checkpoint ({err}). Fix: pass a "
+                         f"folder written by save_pretrained/publish_drafter.py for this training method.") from err  # fmt: skip
+    if type(drafter) is not drafter_class:  # ParallelDrafter subclasses EagleDrafter but trains differently
+        raise ValueError(f"--init_drafter {path!r} holds a {type(drafter).__name__}, but {method} trains a "
+                         f"{drafter_class.__name__}. Fix: start from a drafter of the same family.")  # fmt: skip
+    drafter = drafter.float().bind(target)
+    drafter.config.training_method = method
+    share = None
+    if drafter.has_draft_vocab:
+        counts = assistant_token_counts(dataset, drafter.config.target_vocab_size)
+        share = draft_vocab.coverage(counts, drafter.draft_ids)
+        print(f"[hf_spec] warm start from {path}: its draft vocabulary ({drafter.config.draft_vocab_size} ids) covers "
+              f"{share:.2%} of this data's assistant tokens", flush=True)  # fmt: skip
+    return drafter, share
 
 
 def with_lengths(dataset, column: str = "length"):
@@ -188,9 +216,12 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
         aux_layer_ids = given or (lambda t: default_aux_layer_ids(t.config.get_text_config().num_hidden_layers))
     target, tokenizer, cache, dataset, storage = prepare_features(data_args, training_args, aux_layer_ids)
     target = target.float()  # the drafter trains in fp32 (bf16 autocast via --bf16) against the fp32 LM head
-    drafter = drafter_class.from_target(target, name_or_path=data_args.target_model, num_layers=data_args.num_layers,
-                                        training_method=method, **drafter_config)  # fmt: skip
-    coverage = attach_draft_vocab(drafter, dataset, data_args.draft_vocab_size)
+    if data_args.init_drafter:
+        drafter, coverage = warm_start_drafter(drafter_class, data_args.init_drafter, target, method, dataset)
+    else:
+        drafter = drafter_class.from_target(target, name_or_path=data_args.target_model,
+                                            num_layers=data_args.num_layers, training_method=method, **drafter_config)  # fmt: skip
+        coverage = attach_draft_vocab(drafter, dataset, data_args.draft_vocab_size)
     if cache_is_self_distilled(cache) and hasattr(training_args, "greedy_labels"):
         training_args.greedy_labels = True  # answer tokens are the target's greedy choices: no full-head argmax
     trainer = _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer)

@@ -19,7 +19,7 @@ D=drafters/smollm2-135m-instruct
 RECIPE="training_scripts/recipes/smollm2_drafters.sh (drafters/README.md)"
 # bf16 only where this CPU computes it natively (hf_spec.hardware): emulated bf16 made the distillation 3x slower
 # than float32 on an AVX2-only AMD EPYC (30-37 vs 100 generated tokens/s)
-DTYPE=${DTYPE:-$(python -c "from hf_spec.hardware import resolve_dtype; print(str(resolve_dtype('auto')).split('.')[-1])")}
+DTYPE=${DTYPE:-$(python -c "from hf_spec.hardware import dtype_name, resolve_dtype; print(dtype_name(resolve_dtype('auto')))")}
 BF16=$([ "$DTYPE" = bfloat16 ] && echo --bf16 || true)
 COMMON="--target_model smollm2-135m-instruct --dataset sharegpt --feature_cache $CACHE --max_length 512
   --num_train_epochs $EPOCHS --per_device_train_batch_size 8 --learning_rate 5e-4 --warmup_steps 20 $BF16 --use_cpu
