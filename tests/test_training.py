@@ -472,3 +472,30 @@ def test_warm_start_keeps_weights_and_draft_vocab_and_rejects_another_family(fea
     hf_spec.ParallelDrafter.from_target(target).save_pretrained(tmp_path / "parallel")
     with pytest.raises(ValueError, match="same family|not a EagleDrafter"):
         warm_start_drafter(hf_spec.EagleDrafter, str(tmp_path / "parallel"), target, "hass", dataset)
+
+
+def test_growing_a_trained_drafter_keeps_its_function_and_generation_exact(feature_cache, tmp_path):
+    """``--init_drafter`` with more ``--num_layers``: the grown drafter computes what the trained one did (new
+    layers' residual branches start at zero), its new layers then learn, and decoding with it stays exact."""
+    from hf_spec.training.pipeline import grow_layers
+
+    target, path = feature_cache
+    torch.manual_seed(0)
+    trained = hf_spec.EagleDrafter.from_target(target)
+    grown = grow_layers(trained, 2).bind(target)
+    assert grown.config.num_layers == 2 and trained.config.num_layers == 1
+    ids = torch.randint(0, target.config.vocab_size, (2, 7))
+    feats = torch.randn(2, 7, target.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(grown(ids, feats).last_hidden_state, trained(ids, feats).last_hidden_state)
+    loss = grown(ids, feats).last_hidden_state.square().mean()
+    loss.backward()
+    assert grown.layers[1].self_attn.o_proj.weight.grad.abs().sum() > 0  # the new layer trains
+    with torch.no_grad():
+        grown.layers[1].self_attn.o_proj.weight.normal_(std=0.05)  # as after training: not the identity any more
+    prompt = torch.randint(0, target.config.vocab_size, (1, 9))
+    plain = target.generate(prompt, max_new_tokens=24, do_sample=False)
+    spec = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=grown)
+    assert torch.equal(plain, spec)
+    with pytest.raises(ValueError, match="EagleDrafter"):
+        grow_layers(hf_spec.ParallelDrafter.from_target(target), 2)

@@ -4,8 +4,13 @@
 Neither number depends on the machine, so this may run beside other work; ``hf_spec.shape_select`` combines
 them at run time with the machine's measured verification and drafting costs.
 
-    python benchmarks/shape_candidates/measure.py benchmarks/shape_candidates/candidates.json
+    python benchmarks/shape_candidates/measure.py benchmarks/shape_candidates/candidates.json [NAME | NAME=PATH ...]
+
+NAME alone is the shipped folder drafters/smollm2-135m-instruct-NAME; NAME=PATH measures another folder (e.g. a
+retrained drafter before it replaces the shipped one). The target runs in ``DTYPE`` (environment; default
+``auto``: bf16 where this CPU computes it natively, else float32).
 """
+import os
 import json, sys, time
 import torch
 import hf_spec
@@ -34,18 +39,22 @@ PARALLEL = [  # None: the configured widths [2, 1]
 ]
 out_path = sys.argv[1]
 drafters = sys.argv[2:] or ["hass", "eagle", "coral", "parallelspec"]
-target, tok = load_model("smollm2-135m-instruct", dtype=torch.bfloat16)
+from hf_spec.hardware import dtype_name, resolve_dtype
+
+dtype = resolve_dtype(os.environ.get("DTYPE", "auto"))
+target, tok = load_model("smollm2-135m-instruct", dtype=dtype)
 prompts = bench_prompt_ids(tok, 3, skip=3)
 try:
     out = json.load(open(out_path))
 except FileNotFoundError:
-    out = {"command": "python " + " ".join(sys.argv), "prompts": "3..5 of mt_bench, humaneval, gsm8k", "dtype": "bfloat16",
+    out = {"command": "python " + " ".join(sys.argv), "prompts": "3..5 of mt_bench, humaneval, gsm8k", "dtype": dtype_name(dtype),
            "max_new_tokens": 128, "drafters": {}}
 for name in drafters:
-    path = f"drafters/smollm2-135m-instruct-{name}"
-    drafter = hf_spec.AutoDrafter.from_pretrained(path).to(torch.bfloat16)
+    name, _, path = name.partition("=")
+    path = path or f"drafters/smollm2-135m-instruct-{name}"
+    drafter = hf_spec.AutoDrafter.from_pretrained(path).to(dtype)
     # the 60-token GPU tree costs ~8 s a generation here: measured for HASS only
-    grid = PARALLEL if name == "parallelspec" else EAGLE_FAMILY if name == "hass" else EAGLE_FAMILY[:-1]
+    grid = PARALLEL if name.startswith("parallelspec") else EAGLE_FAMILY if name.startswith("hass") else EAGLE_FAMILY[:-1]
     start = time.time()
     rows = measure_candidates(target, drafter, prompts, grid, 128, progress=lambda m: print(name, m, flush=True))
     out["drafters"][name] = {"path": path, "seconds": round(time.time() - start), "candidates": rows}

@@ -9,6 +9,7 @@ with them once, and trains on the same examples.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -62,7 +63,8 @@ class DataArguments:
     feature_storage: str = field(default="bfloat16", metadata={"help": "on-disk feature dtype: bfloat16 | float16 | float32"})
     feature_cache: str | None = field(default=None, metadata={"help": "feature cache directory (default: derived from the "
                                                                       "target/data/length under $HF_SPEC_CACHE/features)"})
-    num_layers: int = field(default=1, metadata={"help": "drafter decoder layers (EAGLE/HASS: 1)"})
+    num_layers: int = field(default=1, metadata={"help": "drafter decoder layers (EAGLE/HASS: 1); with --init_drafter, "
+                                                 "more than the checkpoint's grows it without changing its function"})
     draft_vocab_size: int | None = field(default=8192, metadata={"help": "draft vocabulary: the D most frequent assistant "
                                                                      "tokens of the data (FR-Spec/EAGLE-3); 0 or unset: the "
                                                                      "full target vocabulary"})
@@ -132,10 +134,13 @@ def attach_draft_vocab(drafter, dataset, size: int | None) -> float | None:
     return share
 
 
-def warm_start_drafter(drafter_class, path: str, target, method: str, dataset):
-    """(drafter, coverage): a trained ``drafter_class`` checkpoint at ``path``, bound to ``target`` in float32 to be trained further by
-    ``method`` on ``dataset``: weights, layers and draft vocabulary are kept (the vocabulary's coverage of the new
-    data is printed and returned beside it, None without a draft vocabulary)."""
+def warm_start_drafter(drafter_class, path: str, target, method: str, dataset, num_layers: int | None = None):
+    """(drafter, coverage): a trained ``drafter_class`` checkpoint at ``path``, bound to ``target`` in float32 to be
+    trained further by ``method`` on ``dataset``: weights, layers and draft vocabulary are kept (the vocabulary's
+    coverage of the new data is printed and returned beside it, None without a draft vocabulary).
+
+    ``num_layers`` above the checkpoint's grows an EAGLE-family drafter without changing its function
+    (:func:`grow_layers`), so the extra capacity starts from the trained drafter rather than from scratch."""
     try:
         drafter = AutoDrafter.from_pretrained(path)  # the family its config names, not a silent reinterpretation
     except (OSError, ValueError) as err:
@@ -144,6 +149,8 @@ def warm_start_drafter(drafter_class, path: str, target, method: str, dataset):
     if type(drafter) is not drafter_class:  # ParallelDrafter subclasses EagleDrafter but trains differently
         raise ValueError(f"--init_drafter {path!r} holds a {type(drafter).__name__}, but {method} trains a "
                          f"{drafter_class.__name__}. Fix: start from a drafter of the same family.")  # fmt: skip
+    if num_layers and num_layers > drafter.config.num_layers:
+        drafter = grow_layers(drafter, num_layers)
     drafter = drafter.float().bind(target)
     drafter.config.training_method = method
     share = None
@@ -153,6 +160,27 @@ def warm_start_drafter(drafter_class, path: str, target, method: str, dataset):
         print(f"[hf_spec] warm start from {path}: its draft vocabulary ({drafter.config.draft_vocab_size} ids) covers "
               f"{share:.2%} of this data's assistant tokens", flush=True)  # fmt: skip
     return drafter, share
+
+
+def grow_layers(drafter: EagleDrafter, num_layers: int) -> EagleDrafter:
+    """A copy of ``drafter`` with ``num_layers`` decoder layers computing exactly the same function: its layers
+    and weights are kept and each new layer's residual branches start at zero (attention output and MLP down
+    projections zeroed, as zero-initialised residual blocks), so training continues from the trained drafter."""
+    if type(drafter) is not EagleDrafter:
+        raise ValueError(f"Growing layers is defined for EagleDrafter (EAGLE/HASS/CORAL), not {type(drafter).__name__}. "
+                         "Fix: drop --num_layers, or train that family from scratch with more layers.")  # fmt: skip
+    config = copy.deepcopy(drafter.config)
+    old_layers, config.num_layers = config.num_layers, num_layers
+    grown = EagleDrafter(config).to(dtype=drafter.fc.weight.dtype)
+    missing, unexpected = grown.load_state_dict(drafter.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("layers.") or int(k.split(".")[1]) < old_layers for k in missing):
+        raise ValueError(f"Cannot grow this checkpoint: missing {missing}, unexpected {unexpected}.")
+    with torch.no_grad():
+        for layer in grown.layers[old_layers:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    grown.ngram_datastore = getattr(drafter, "ngram_datastore", None)
+    return grown
 
 
 def with_lengths(dataset, column: str = "length"):
@@ -217,7 +245,8 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
     target, tokenizer, cache, dataset, storage = prepare_features(data_args, training_args, aux_layer_ids)
     target = target.float()  # the drafter trains in fp32 (bf16 autocast via --bf16) against the fp32 LM head
     if data_args.init_drafter:
-        drafter, coverage = warm_start_drafter(drafter_class, data_args.init_drafter, target, method, dataset)
+        drafter, coverage = warm_start_drafter(drafter_class, data_args.init_drafter, target, method, dataset,
+                                               data_args.num_layers)  # fmt: skip
     else:
         drafter = drafter_class.from_target(target, name_or_path=data_args.target_model,
                                             num_layers=data_args.num_layers, training_method=method, **drafter_config)  # fmt: skip
