@@ -18,7 +18,7 @@ import torch
 import hf_spec
 from hf_spec.training.collators import FeatureCollator
 from hf_spec.training.data import load_feature_cache, load_target
-from hf_spec.training.losses import hass_loss, shift_for_drafter
+from hf_spec.training.losses import hass_loss, next_token_ids, shift_for_drafter
 
 STEPS = 3
 
@@ -31,7 +31,7 @@ def accuracy(drafter, dataset, storage: str, batch_size: int = 16) -> dict:
         batch = collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
         ids, feats_in, feats_target, mask = shift_for_drafter(batch["input_ids"], batch["hidden_states"],
                                                               batch["loss_mask"], batch["attention_mask"])  # fmt: skip
-        next_ids = torch.cat([ids[:, 1:], ids.new_zeros(ids.shape[0], 1)], dim=1)[mask.bool()]
+        next_ids = next_token_ids(ids)[mask.bool()]
         out = hass_loss(drafter, ids, feats_in, feats_target, mask, num_steps=STEPS, return_predictions=True)
         for step, predicted in enumerate(out["predictions"], 1):
             top = drafter.draft_logits(predicted[mask.bool()]).float().topk(4, dim=-1).indices

@@ -102,6 +102,13 @@ def shift_for_drafter(input_ids, hidden_states, loss_mask, attention_mask=None):
     return input_ids[:, 1:], hidden_states[:, :-1], hidden_states[:, 1:], position_mask
 
 
+def next_token_ids(ids: torch.Tensor) -> torch.Tensor:
+    """(b, s) the token after each drafter position of :func:`shift_for_drafter`'s ``ids`` (x_{t+2}; 0 past the
+    end, where the position mask is 0): the target's greedy choice wherever the loss counts in self-distilled
+    data."""
+    return torch.cat([ids[:, 1:], ids.new_zeros(ids.shape[0], 1)], dim=1)
+
+
 def hass_loss(
     drafter,
     input_ids: torch.Tensor,

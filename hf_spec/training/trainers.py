@@ -14,7 +14,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from ..drafters.router import group_mass
-from .losses import csra_loss, eagle_loss, hass_loss, shift_for_drafter
+from .losses import csra_loss, eagle_loss, hass_loss, next_token_ids, shift_for_drafter
 
 
 @dataclass
@@ -75,7 +75,7 @@ def _greedy_next_tokens(trainer: Trainer, ids: torch.Tensor) -> torch.Tensor | N
     the loss counts, in self-distilled data), or None unless ``greedy_labels`` says the data is such."""
     if not getattr(trainer.args, "greedy_labels", False):
         return None
-    return torch.cat([ids[:, 1:], ids.new_zeros(ids.shape[0], 1)], dim=1)
+    return next_token_ids(ids)
 
 
 class EagleTrainer(Trainer):
