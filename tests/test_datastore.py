@@ -137,3 +137,16 @@ def test_datastore_from_a_feature_cache_holds_only_answer_tokens(tmp_path):
     (tmp_path / _META_FILE).write_text(json.dumps({"storage": "bfloat16"}))
     store = datastore_from_feature_cache(tmp_path, min_match=1, max_match=2)
     assert store.tokens.tolist() == [7, 8, 9, -1, 6, 10, 11, -1]
+
+
+def test_merged_datastores_find_every_corpus_and_never_cross_between_them():
+    first, second = [[1, 2, 3, 4]], [[4, 5, 6], [1, 2, 7]]
+    merged = NGramDatastore.merge([NGramDatastore.from_documents(first, 1, 2), NGramDatastore.from_documents(second, 1, 2)])
+    found = sorted(tokens for tokens, length in merged.continuations([1, 2], max_depth=2, max_occurrences=100) if length == 2)
+    assert found == [[3, 4], [7]]  # both corpora, nothing across documents
+    assert merged.occurrences([4, 5]) == 1 and merged.occurrences([3, 4, 4]) == 0
+    raw = NGramDatastore(torch.tensor([9, 8, 7]), 1, 2)  # a corpus without a final separator
+    joined = NGramDatastore.merge([raw, NGramDatastore.from_documents([[7, 6]], 1, 2)])
+    assert joined.occurrences([7, 7]) == 0 and joined.occurrences([7]) == 1 and joined.occurrences([9, 8]) == 1
+    with pytest.raises(ValueError, match="match lengths"):
+        NGramDatastore.merge([raw, NGramDatastore.from_documents(first, 2, 4)])

@@ -62,9 +62,9 @@ def main(argv=None):
                         "drafter tree's depth)")
     parser.add_argument("--tree-from", default=None, help="copy the tuned tree shape of this drafter folder (e.g. to "
                         "compare drafters of one architecture at the same shape)")
-    parser.add_argument("--ngram-datastore", default=None, help="a training feature cache (its answer tokens: the "
-                        "target's own answers after self-distillation) or a saved ngram_datastore.safetensors, shipped "
-                        "beside the weights for the n-gram branches")
+    parser.add_argument("--ngram-datastore", nargs="+", default=None, help="training feature caches (their answer "
+                        "tokens: the target's own answers after self-distillation) or saved ngram_datastore.safetensors "
+                        "files, merged into one datastore shipped beside the weights for the n-gram branches")
     args = parser.parse_args(argv)
 
     import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
@@ -96,9 +96,9 @@ def main(argv=None):
     if args.ngram_datastore:
         from hf_spec.drafters.datastore import NGramDatastore, datastore_from_feature_cache
 
-        source = args.ngram_datastore
-        drafter.ngram_datastore = (NGramDatastore.load(source) if source.endswith(".safetensors")
-                                   else datastore_from_feature_cache(source))  # fmt: skip
+        drafter.ngram_datastore = NGramDatastore.merge(
+            NGramDatastore.load(source) if source.endswith(".safetensors") else datastore_from_feature_cache(source)
+            for source in args.ngram_datastore)  # fmt: skip
     info = {}
     recorded = os.path.join(args.source, TRAINING_INFO)  # a published folder, re-published (new shape, new bench)
     if os.path.exists(recorded):

@@ -68,6 +68,25 @@ class NGramDatastore:
             flat.append(_SEPARATOR)
         return cls(torch.tensor(flat, dtype=torch.int32), min_match, max_match)
 
+    @classmethod
+    def merge(cls, stores) -> "NGramDatastore":
+        """One datastore over several stores' corpora (e.g. the target's answers to more prompts added to a
+        shipped datastore); n-grams never cross from one corpus into the next."""
+        stores = list(stores)
+        if not stores:
+            raise ValueError("merge needs at least one datastore.")
+        matches = {(s.min_match, s.max_match) for s in stores}
+        if len(matches) > 1:
+            raise ValueError(f"Datastores with different match lengths {sorted(matches)} cannot be merged. Fix: build "
+                             "them with the same min_match / max_match.")  # fmt: skip
+        parts = []
+        for store in stores:
+            parts.append(store.tokens)
+            if not len(store.tokens) or store.tokens[-1] != _SEPARATOR:
+                parts.append(np.array([_SEPARATOR], dtype=np.int64))
+        min_match, max_match = matches.pop()
+        return cls(torch.from_numpy(np.concatenate(parts)), min_match, max_match)
+
     def __len__(self) -> int:
         return len(self.tokens)
 
