@@ -500,7 +500,7 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     stats = GenerationStats() if one_row else BatchGenerationStats()
     drafter.last_generation_stats = stats
     loop_start = timing.clock(device)
-    target = _Target(model, drafter.target_feature_layers())
+    target = _Target(model, None if target_only else drafter.target_feature_layers())  # no drafter reads features
     layout = _OneRowCache() if one_row else _PaddedCache(input_ids, attention_mask)
     features = layout.prefill(target, input_ids)
     last_logits = target.logits(features[:, -1])

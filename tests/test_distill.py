@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from conftest import make_target
 from test_training import _conversations, tiny_chat_tokenizer
@@ -50,6 +51,14 @@ def test_distillation_writes_a_resumable_feature_cache(tmp_path):
     distill_features(target, tok, conversations, out, max_new_tokens=5, max_prompt_tokens=64, batch_size=3,
                      shard_examples=4, limit=6)
     assert sorted(p.stat().st_mtime_ns for p in (tmp_path / "cache").glob("shard-*/*.arrow")) == first
+    # resuming over other conversations would mix two data sets under one metadata file: refused
+    with pytest.raises(ValueError, match="holds other examples.*new output directory"):
+        others = [dict(c, id=f"other-{c['id']}") for c in conversations]
+        distill_features(target, tok, others, out, max_new_tokens=5, max_prompt_tokens=64, batch_size=3,
+                         shard_examples=4, limit=6)
+    with pytest.raises(ValueError, match=r"beyond the 1 this run writes"):  # fewer shards than the cache holds
+        distill_features(target, tok, conversations, out, max_new_tokens=5, max_prompt_tokens=64, batch_size=3,
+                         shard_examples=4, limit=3)
     # a shard left half-written by a killed run is not read
     (tmp_path / "cache" / "shard-00009").mkdir()
     assert len(load_feature_cache(out)[0]) == 6

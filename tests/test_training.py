@@ -256,6 +256,20 @@ def test_feature_cache_round_trip(feature_cache):
     assert batch["loss_mask"].sum() > 0 and batch["attention_mask"].all()
 
 
+def test_feature_cache_resumed_with_other_conversations_is_refused(feature_cache, tmp_path):
+    target, path = feature_cache
+    again = build_feature_cache(target, tiny_chat_tokenizer(), _conversations(), path, max_length=64,
+                                storage="bfloat16", shard_examples=20)  # same arguments: every shard reused
+    assert again == path and len(load_feature_cache(path)[0]) == 48
+    other = [dict(c, id=f"other-{c['id']}") for c in _conversations()]
+    with pytest.raises(ValueError, match="holds other examples.*new output directory"):
+        build_feature_cache(target, tiny_chat_tokenizer(), other, path, max_length=64, storage="bfloat16",
+                            shard_examples=20)
+    with pytest.raises(ValueError, match="beyond the 2 this run writes"):
+        build_feature_cache(target, tiny_chat_tokenizer(), _conversations()[:40], path, max_length=64,
+                            storage="bfloat16", shard_examples=20)
+
+
 # --------------------------------------------------------------------------------------------
 # Trainer runs
 # --------------------------------------------------------------------------------------------

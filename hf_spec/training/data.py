@@ -221,6 +221,39 @@ def features_from_storage(array, storage: str) -> torch.Tensor:
     return torch.as_tensor(np.asarray(array))
 
 
+def finished_shard(path, ids: list) -> bool:
+    """Whether the cache shard at ``path`` was already written (a resumed run skips it), after checking
+    that it holds exactly the examples ``ids`` this run would write there.
+
+    Raises ValueError naming the fix when it holds others: a cache resumed with other conversations
+    (another data file, ``--num_conversations``, length filter or shard size) would otherwise mix two
+    data sets under metadata that describes only one."""
+    from datasets import load_from_disk
+
+    if not Path(path, "dataset_info.json").exists():
+        return False
+    held = [str(i) for i in load_from_disk(str(path)).select_columns(["id"])["id"]]
+    if sorted(held) != sorted(str(i) for i in ids):
+        raise ValueError(
+            f"The existing shard {path} holds other examples than this run would write there ({len(held)} vs "
+            f"{len(ids)} examples, e.g. {held[:2]}): the cache was started with other conversations or settings. "
+            "Fix: give a new output directory, or resume with exactly the arguments that started it."
+        )
+    return True
+
+
+def check_no_extra_shards(output_dir, num_shards: int) -> None:
+    """ValueError when ``output_dir`` holds finished shards past the ``num_shards`` this run writes
+    (left by a run over more conversations; they would be loaded as part of this cache)."""
+    extra = [p.name for p in sorted(Path(output_dir).glob("shard-*"))
+             if int(p.name.split("-")[1]) >= num_shards and (p / "dataset_info.json").exists()]  # fmt: skip
+    if extra:
+        raise ValueError(
+            f"{output_dir} holds shards {extra} beyond the {num_shards} this run writes: the cache was started over "
+            "more conversations. Fix: give a new output directory, or resume with the arguments that started it."
+        )
+
+
 def build_feature_cache(
     target,
     tokenizer,
@@ -263,11 +296,12 @@ def build_feature_cache(
     schema = _features_schema(hidden, storage)
     device = target.device
     num_shards = math.ceil(len(examples) / shard_examples)
+    check_no_extra_shards(output_dir, num_shards)
     progress = tqdm(total=num_tokens, desc="target features", unit="tok")
     for shard in range(num_shards):
         path = os.path.join(output_dir, f"shard-{shard:05d}")
         chunk = examples[shard * shard_examples : (shard + 1) * shard_examples]
-        if os.path.exists(os.path.join(path, "dataset_info.json")):
+        if finished_shard(path, [e["id"] for e in chunk]):
             progress.update(sum(len(e["input_ids"]) for e in chunk))
             continue
         rows = {"id": [], "input_ids": [], "loss_mask": [], "hidden_states": []}

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from .. import compat
 
-from .data import _META_FILE, _features_schema, _to_storage, stop_token_ids
+from .data import _META_FILE, _features_schema, _to_storage, check_no_extra_shards, finished_shard, stop_token_ids
 
 DISTILL_LOG = "distill_log.jsonl"
 
@@ -137,10 +137,11 @@ def distill_features(
     shards = [prompts[i : i + shard_examples] for i in range(0, len(prompts), shard_examples)]
     print(f"[hf_spec] distill: {len(prompts)} prompts (<= {max_prompt_tokens} tokens) in {len(shards)} shards, "
           f"{max_new_tokens} new tokens max, batch {batch_size} -> {output_dir}", flush=True)  # fmt: skip
+    check_no_extra_shards(output_dir, len(shards))
     progress = tqdm(total=len(prompts), desc="distill", unit="prompt")
     for number, shard in enumerate(shards):
         path = Path(output_dir, f"shard-{number:05d}")
-        if (path / "dataset_info.json").exists():
+        if finished_shard(path, [p["id"] for p in shard]):
             progress.update(len(shard))
             continue
         rows = {"id": [], "input_ids": [], "loss_mask": [], "hidden_states": []}
