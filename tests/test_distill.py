@@ -52,8 +52,8 @@ def test_distillation_writes_a_resumable_feature_cache(tmp_path):
                      shard_examples=4, limit=6)
     assert sorted(p.stat().st_mtime_ns for p in (tmp_path / "cache").glob("shard-*/*.arrow")) == first
     # resuming over other conversations would mix two data sets under one metadata file: refused
+    others = [dict(c, id=f"other-{c['id']}") for c in conversations]
     with pytest.raises(ValueError, match="holds other examples.*new output directory"):
-        others = [dict(c, id=f"other-{c['id']}") for c in conversations]
         distill_features(target, tok, others, out, max_new_tokens=5, max_prompt_tokens=64, batch_size=3,
                          shard_examples=4, limit=6)
     with pytest.raises(ValueError, match=r"beyond the 1 this run writes"):  # fewer shards than the cache holds
