@@ -56,6 +56,22 @@ def test_cache_gains_the_fused_layers_under_their_own_name(tmp_path):
         _drafter_inputs(type("T", (), {"input_features": Eagle3Trainer.input_features})(), old)
 
 
+def test_extended_cache_refuses_shards_of_an_older_base_cache(tmp_path):
+    """add_layer_features resumes shard by shard; a base cache rebuilt in place over other conversations
+    must not reuse the extended shards of the old one, and a stray non-shard name is not a shard."""
+    target = make_target(num_hidden_layers=LAYERS)
+    base = build_feature_cache(target, tiny_chat_tokenizer(), _conversations(12), str(tmp_path / "features"),
+                               max_length=48, storage="float32", shard_examples=5)  # fmt: skip
+    extended = add_layer_features(base, target, FUSED)
+    (Path(extended) / "shard-old").mkdir()  # e.g. a user's backup copy: ignored, not parsed as a shard number
+    assert add_layer_features(base, target, FUSED) == extended  # same base: every shard reused
+    other = [dict(c, id=f"other-{c['id']}") for c in _conversations(12)]
+    rebuilt = str(tmp_path / "rebuilt")
+    build_feature_cache(target, tiny_chat_tokenizer(), other, rebuilt, max_length=48, storage="float32", shard_examples=5)
+    with pytest.raises(ValueError, match="holds other examples.*new output directory"):
+        add_layer_features(rebuilt, target, FUSED, output_dir=extended)
+
+
 def test_training_time_test_equals_speculators_eagle3_forward(tmp_path):
     """Each unrolled step of our EAGLE-3 loss computes what speculators' Eagle3DraftModel computes at that
     training-time-test step: row t of our step j is its anchor t - (j - 1)."""

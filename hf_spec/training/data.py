@@ -25,6 +25,7 @@ import json
 import math
 import os
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -246,7 +247,8 @@ def check_no_extra_shards(output_dir, num_shards: int) -> None:
     """ValueError when ``output_dir`` holds finished shards past the ``num_shards`` this run writes
     (left by a run over more conversations; they would be loaded as part of this cache)."""
     extra = [p.name for p in sorted(Path(output_dir).glob("shard-*"))
-             if int(p.name.split("-")[1]) >= num_shards and (p / "dataset_info.json").exists()]  # fmt: skip
+             if re.fullmatch(r"shard-\d+", p.name) and int(p.name.split("-")[1]) >= num_shards
+             and (p / "dataset_info.json").exists()]  # fmt: skip; other names (a stray "shard-old" copy) are not shards
     if extra:
         raise ValueError(
             f"{output_dir} holds shards {extra} beyond the {num_shards} this run writes: the cache was started over "
@@ -385,12 +387,13 @@ def add_layer_features(base: str, target, layer_ids, output_dir: str | None = No
     schema = _features_schema(hidden, storage, len(ids) * hidden)
     os.makedirs(output_dir, exist_ok=True)
     shards = sorted(p for p in Path(base).iterdir() if p.name.startswith("shard-") and (p / "dataset_info.json").exists())
+    check_no_extra_shards(output_dir, len(shards))
     device = target.device
     for shard in tqdm(shards, desc=f"target layers {ids}", unit="shard"):
         out_path = Path(output_dir, shard.name)
-        if (out_path / "dataset_info.json").exists():
-            continue
         data = load_from_disk(str(shard))
+        if finished_shard(out_path, data.select_columns(["id"])["id"]):  # refuses a shard of an older base cache
+            continue
         token_ids = data.select_columns(["input_ids"])["input_ids"]
         lengths = [len(x) for x in token_ids]
         aux = [None] * len(lengths)
