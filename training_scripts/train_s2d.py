@@ -15,6 +15,13 @@ frozen by default (``--no-freeze_embeddings`` trains them); bf16 autocast is on 
 layers themselves and saves only adapters, norm and draft-vocabulary map (the layers are borrowed
 from the source model at bind time; see SortedDrafter.add_lora).
 
+Self-distillation (``--distill_from MODEL``, e.g. the source model) labels every position with the
+teacher's greedy next token. The labelled rows are cached as resumable shards in ``--labels_cache``
+(default ``<output_dir>/teacher_labels``): a killed run resumes the teacher pass where it stopped,
+and a resumed training run with every shard written does not load the teacher at all. A cache made
+over other conversations (dataset, ``--limit``, ``--max_length``, tokenizer) or by another teacher
+or ``--teacher_dtype`` is refused; give another directory.
+
 Then pick per-target thresholds on held-out prompts with
 ``hf_spec.drafters.sorted.search_thresholds`` and save again. Resumes from the last
 checkpoint in ``--output_dir``.
@@ -23,6 +30,7 @@ checkpoint in ``--output_dir``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -35,9 +43,9 @@ from hf_spec.drafters.sorted import target_entry
 from hf_spec.training.sorted_trainer import (
     SortedTrainer,
     SortedTrainingConfig,
+    cached_teacher_labels,
     label_token_counts,
     pad_collator,
-    teacher_labels,
     tokenize_conversations,
 )
 
@@ -71,6 +79,9 @@ def main(argv=None):
                         help="label every position with this model's greedy next token (teacher-forced "
                              "self-distillation) instead of the data's own next token; e.g. the source model")
     parser.add_argument("--teacher_dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--labels_cache", default=None,
+                        help="resumable cache of the --distill_from labels (default: <output_dir>/teacher_labels); "
+                             "the teacher is not loaded when it is complete")
     parser.add_argument("--freeze_embeddings", action=argparse.BooleanOptionalAction, default=True,
                         help="keep the input embedding and LM head fixed (train layers + final norm only); default on")
     parser.add_argument("--draft_vocab_size", type=int, default=None,
@@ -93,9 +104,12 @@ def main(argv=None):
     del source
     rows = tokenize_conversations(tokenizer, LOADERS[extra.dataset](limit=extra.limit), training_args.max_length)
     if extra.distill_from:
-        teacher = _load(extra.distill_from, getattr(torch, extra.teacher_dtype))[0].eval()
-        rows = teacher_labels(teacher, rows)
-        del teacher
+        def load_teacher():  # called only if a labels shard is missing
+            return _load(extra.distill_from, getattr(torch, extra.teacher_dtype))[0].eval()
+
+        cache = extra.labels_cache or os.path.join(training_args.output_dir, "teacher_labels")
+        name = f"{extra.distill_from} ({extra.teacher_dtype})"  # bf16 and fp32 labels differ in near-ties
+        rows = cached_teacher_labels(load_teacher, rows, cache, teacher_name=name)
     coverage = None
     if extra.draft_vocab_size and extra.draft_vocab_size < drafter.config.target_vocab_size:
         counts = label_token_counts(rows, drafter.config.target_vocab_size)
