@@ -150,3 +150,56 @@ def test_merged_datastores_find_every_corpus_and_never_cross_between_them():
     assert joined.occurrences([7, 7]) == 0 and joined.occurrences([7]) == 1 and joined.occurrences([9, 8]) == 1
     with pytest.raises(ValueError, match="match lengths"):
         NGramDatastore.merge([raw, NGramDatastore.from_documents(first, 2, 4)])
+
+
+@pytest.mark.parametrize("kind", ["eagle", "parallel"])
+def test_datastore_copy_cycles_skip_the_drafter_and_stay_lossless(kind, monkeypatch):
+    """ngram_copy_from_datastore: a cycle whose corpus continuation matches the whole max_match suffix is a
+    copy cycle (no drafter forward, the copy budget); the random prompt has no repeats of its own, so only
+    the datastore can make such cycles. Greedy output equals plain either way."""
+    from test_hybrid import count_drafter_forwards
+
+    target, prompt, store = corpus_case()
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    cls = hf_spec.EagleDrafter if kind == "eagle" else hf_spec.ParallelDrafter
+    forwards, from_ngram = {}, {}
+    for from_datastore in (False, True):
+        drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_copy_nodes=8,
+                                  ngram_copy_skips_drafter=True, ngram_copy_from_datastore=from_datastore)  # fmt: skip
+        drafter.ngram_datastore = store
+        calls = count_drafter_forwards(monkeypatch)
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, tree_depth=2, tree_top_k=2,
+                              tree_total_tokens=2)  # fmt: skip
+        assert torch.equal(out, expected)
+        forwards[from_datastore] = calls[0] / drafter.last_generation_stats.cycles
+        from_ngram[from_datastore] = drafter.last_generation_stats.accepted_from_ngram
+    assert forwards[True] < forwards[False]  # the corpus is the target's own text: its copies are certain
+    assert from_ngram[True] > from_ngram[False]  # 8-node copy chains instead of 2 grafted nodes
+
+
+def test_sampled_distribution_with_datastore_copy_cycles_equals_target(monkeypatch):
+    """Whether a cycle is a datastore copy depends on the committed text and the fixed corpus only, so
+    skipping the drafter there keeps the sampled law the target's."""
+    from test_hybrid import count_drafter_forwards
+
+    target = make_target("llama", vocab_size=VOCAB, logit_scale=8.0, seed=3)
+    prompt = random_prompt(length=4, vocab_size=VOCAB, seed=11)
+    torch.manual_seed(0)
+    corpus = [plain_generate(target, prompt, max_new_tokens=8, do_sample=True, top_k=None)[0].tolist()
+              for _ in range(30)]  # fmt: skip
+    store = NGramDatastore.from_documents(corpus)
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_copy_nodes=4, ngram_depth=3,
+                                               ngram_copy_skips_drafter=True, ngram_copy_from_datastore=True)  # fmt: skip
+    drafter.ngram_datastore = store
+    calls = count_drafter_forwards(monkeypatch)
+    exact = exact_joint(target, prompt, warpers(temperature=1.0))
+    counts, cycles = torch.zeros([VOCAB] * 3), 0
+    torch.manual_seed(2468)
+    for _ in range(1500):
+        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter,
+                              max_new_tokens=3, do_sample=True, top_k=None, temperature=1.0, tree_depth=2,
+                              tree_top_k=2, tree_total_tokens=2)  # fmt: skip
+        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
+        cycles += drafter.last_generation_stats.cycles
+    assert chi_square_pvalue(counts, exact) > P_VALUE_FLOOR
+    assert calls[0] < 2 * cycles  # some cycles skipped the drafter (a drafted cycle runs 2 forwards at depth 2)

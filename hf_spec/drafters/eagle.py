@@ -69,6 +69,10 @@ class EagleDrafterConfig(SpecDrafterConfig):
             ``ngram_copy_nodes`` nodes) and run no drafter forward; the cycle's committed pairs
             enter the drafter's cache with the next drafted cycle's. The choice depends on the
             committed text only, so sampling stays exact (point-mass drafts).
+        ngram_copy_from_datastore: a cycle whose best continuation in the n-gram datastore
+            (``ngram_datastore``) matches the whole ``max_match``-token suffix is a copy cycle too
+            (``ngram_copy_nodes``, ``ngram_copy_skips_drafter``): formulaic text the target wrote
+            before, where the corpus predicts as well as the drafter at no drafter cost.
     """
 
     model_type = "hf_spec_eagle"
@@ -85,11 +89,13 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_depth: int | None = None,
         ngram_copy_nodes: int = 0,
         ngram_copy_skips_drafter: bool = False,
+        ngram_copy_from_datastore: bool = False,
         **kwargs,
     ):
         self.ngram_branches = check_ngram_branches(ngram_branches)
         self.ngram_copy_nodes = check_ngram_branches(ngram_copy_nodes, "ngram_copy_nodes")
         self.ngram_copy_skips_drafter = bool(ngram_copy_skips_drafter)
+        self.ngram_copy_from_datastore = bool(ngram_copy_from_datastore)
         if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
             raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
         self.ngram_depth = ngram_depth
@@ -350,7 +356,8 @@ class EagleDraftingSession(DraftingSession):
         start = timing.clock(self.drafter.device)
         config = self.drafter.config
         tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample, depth=config.ngram_depth,
-                                 copy_branches=config.ngram_copy_nodes)  # fmt: skip
+                                 copy_branches=config.ngram_copy_nodes,
+                                 copy_from_datastore=config.ngram_copy_from_datastore)  # fmt: skip
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
 
@@ -377,7 +384,7 @@ class EagleDraftingSession(DraftingSession):
         start = timing.clock(self.drafter.device)
         depth = max(self.shape.depth, config.ngram_depth or 0)
         tree = None
-        if self._ngram.is_copy(depth):
+        if self._ngram.is_copy(depth, from_datastore=config.ngram_copy_from_datastore):
             tree = self._ngram.tree(int(root_token), self.shape, config.ngram_copy_nodes, depth, root_token.device)
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree

@@ -336,12 +336,17 @@ class NGramBranches:
         """Index newly committed tokens (one host read)."""
         self.index.extend(next_tokens.tolist())
 
-    def is_copy(self, depth: int) -> bool:
+    def is_copy(self, depth: int, from_datastore: bool = False) -> bool:
         """Whether the context repeats its whole ``max_match``-token suffix (the answer is copying
-        earlier text): its best continuation is the context's own, at the longest match length.
-        A function of the committed text only."""
+        earlier text): its best continuation is the context's own, at the longest match length; with
+        ``from_datastore`` a corpus continuation at that length counts too (the answer follows a
+        phrase the target wrote before). A function of the committed text only."""
         first = next(continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences), None)
-        return first is not None and first.position >= 0 and first.match_length >= self.index.max_match
+        return self._copies(first, from_datastore)
+
+    def _copies(self, first: Continuation | None, from_datastore: bool) -> bool:
+        return (first is not None and first.match_length >= self.index.max_match
+                and (first.position >= 0 or from_datastore))  # fmt: skip
 
     def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
         """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
@@ -352,10 +357,10 @@ class NGramBranches:
         return tree
 
     def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None,
-              copy_branches: int = 0) -> DraftTree:  # fmt: skip
+              copy_branches: int = 0, copy_from_datastore: bool = False) -> DraftTree:  # fmt: skip
         """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: branching, and depth unless
-        ``depth`` reaches deeper); up to ``copy_branches`` instead when the context repeats its whole
-        ``max_match``-token suffix (a copy). The budget depends on the committed text only."""
+        ``depth`` reaches deeper); up to ``copy_branches`` instead on a copy (:meth:`is_copy`, with
+        ``copy_from_datastore`` as ``from_datastore``). The budget depends on the committed text only."""
         if branches <= 0:
             return tree
         depth = max(shape.depth, depth or 0)
@@ -363,7 +368,7 @@ class NGramBranches:
         first = next(continuations, None)
         if first is None:
             return tree
-        if first.position >= 0 and first.match_length >= self.index.max_match:  # the context's own copy
+        if self._copies(first, copy_from_datastore):
             branches = max(branches, copy_branches)
         num_nodes = branches if sample else branches + len(tree) - 1
         trie = build_trie(itertools.chain([first], continuations), num_nodes, depth, shape.top_k)
