@@ -154,8 +154,8 @@ def test_merged_datastores_find_every_corpus_and_never_cross_between_them():
 
 @pytest.mark.parametrize("kind", ["eagle", "parallel"])
 def test_datastore_copy_cycles_skip_the_drafter_and_stay_lossless(kind, monkeypatch):
-    """ngram_copy_from_datastore: a cycle whose corpus continuation matches the whole max_match suffix is a
-    copy cycle (no drafter forward, the copy budget); the random prompt has no repeats of its own, so only
+    """ngram_datastore_copy_nodes: a cycle whose corpus continuation matches the whole max_match suffix is a
+    copy cycle (no drafter forward, its own budget); the random prompt has no repeats of its own, so only
     the datastore can make such cycles. Greedy output equals plain either way."""
     from test_hybrid import count_drafter_forwards
 
@@ -165,7 +165,7 @@ def test_datastore_copy_cycles_skip_the_drafter_and_stay_lossless(kind, monkeypa
     forwards, from_ngram = {}, {}
     for from_datastore in (False, True):
         drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_copy_nodes=8,
-                                  ngram_copy_skips_drafter=True, ngram_copy_from_datastore=from_datastore)  # fmt: skip
+                                  ngram_copy_skips_drafter=True, ngram_datastore_copy_nodes=6 * from_datastore)  # fmt: skip
         drafter.ngram_datastore = store
         calls = count_drafter_forwards(monkeypatch)
         out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, tree_depth=2, tree_top_k=2,
@@ -174,7 +174,7 @@ def test_datastore_copy_cycles_skip_the_drafter_and_stay_lossless(kind, monkeypa
         forwards[from_datastore] = calls[0] / drafter.last_generation_stats.cycles
         from_ngram[from_datastore] = drafter.last_generation_stats.accepted_from_ngram
     assert forwards[True] < forwards[False]  # the corpus is the target's own text: its copies are certain
-    assert from_ngram[True] > from_ngram[False]  # 8-node copy chains instead of 2 grafted nodes
+    assert from_ngram[True] > from_ngram[False]  # 6-node corpus tries instead of 2 grafted nodes
 
 
 def test_sampled_distribution_with_datastore_copy_cycles_equals_target(monkeypatch):
@@ -189,7 +189,7 @@ def test_sampled_distribution_with_datastore_copy_cycles_equals_target(monkeypat
               for _ in range(30)]  # fmt: skip
     store = NGramDatastore.from_documents(corpus)
     drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_copy_nodes=4, ngram_depth=3,
-                                               ngram_copy_skips_drafter=True, ngram_copy_from_datastore=True)  # fmt: skip
+                                               ngram_copy_skips_drafter=True, ngram_datastore_copy_nodes=4)  # fmt: skip
     drafter.ngram_datastore = store
     calls = count_drafter_forwards(monkeypatch)
     exact = exact_joint(target, prompt, warpers(temperature=1.0))

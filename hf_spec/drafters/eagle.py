@@ -69,10 +69,12 @@ class EagleDrafterConfig(SpecDrafterConfig):
             ``ngram_copy_nodes`` nodes) and run no drafter forward; the cycle's committed pairs
             enter the drafter's cache with the next drafted cycle's. The choice depends on the
             committed text only, so sampling stays exact (point-mass drafts).
-        ngram_copy_from_datastore: a cycle whose best continuation in the n-gram datastore
-            (``ngram_datastore``) matches the whole ``max_match``-token suffix is a copy cycle too
-            (``ngram_copy_nodes``, ``ngram_copy_skips_drafter``): formulaic text the target wrote
-            before, where the corpus predicts as well as the drafter at no drafter cost.
+        ngram_datastore_copy_nodes: a cycle whose best continuation in the n-gram datastore
+            (``ngram_datastore``) matches the whole ``max_match``-token suffix is a copy cycle too,
+            drafting up to this many n-gram nodes (0: off; ``ngram_copy_skips_drafter`` applies):
+            formulaic text the target wrote before, where the corpus may predict as well as the
+            drafter at no drafter cost. Its own budget: corpus continuations branch more than a
+            copied passage, so the context's long copy chains would cost too many tree tokens.
     """
 
     model_type = "hf_spec_eagle"
@@ -89,13 +91,13 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_depth: int | None = None,
         ngram_copy_nodes: int = 0,
         ngram_copy_skips_drafter: bool = False,
-        ngram_copy_from_datastore: bool = False,
+        ngram_datastore_copy_nodes: int = 0,
         **kwargs,
     ):
         self.ngram_branches = check_ngram_branches(ngram_branches)
         self.ngram_copy_nodes = check_ngram_branches(ngram_copy_nodes, "ngram_copy_nodes")
         self.ngram_copy_skips_drafter = bool(ngram_copy_skips_drafter)
-        self.ngram_copy_from_datastore = bool(ngram_copy_from_datastore)
+        self.ngram_datastore_copy_nodes = check_ngram_branches(ngram_datastore_copy_nodes, "ngram_datastore_copy_nodes")
         if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
             raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
         self.ngram_depth = ngram_depth
@@ -357,7 +359,7 @@ class EagleDraftingSession(DraftingSession):
         config = self.drafter.config
         tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample, depth=config.ngram_depth,
                                  copy_branches=config.ngram_copy_nodes,
-                                 copy_from_datastore=config.ngram_copy_from_datastore)  # fmt: skip
+                                 datastore_copy_branches=config.ngram_datastore_copy_nodes)  # fmt: skip
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
 
@@ -379,13 +381,12 @@ class EagleDraftingSession(DraftingSession):
     def _copy_tree(self, root_token: torch.Tensor) -> DraftTree | None:
         """With ``ngram_copy_skips_drafter``, the n-gram trie alone on a copy cycle; else None."""
         config = self.drafter.config
-        if not (config.ngram_copy_skips_drafter and config.ngram_copy_nodes):
+        if not (config.ngram_copy_skips_drafter and (config.ngram_copy_nodes or config.ngram_datastore_copy_nodes)):
             return None
         start = timing.clock(self.drafter.device)
         depth = max(self.shape.depth, config.ngram_depth or 0)
-        tree = None
-        if self._ngram.is_copy(depth, from_datastore=config.ngram_copy_from_datastore):
-            tree = self._ngram.tree(int(root_token), self.shape, config.ngram_copy_nodes, depth, root_token.device)
+        budget = self._ngram.copy_budget(depth, config.ngram_copy_nodes, config.ngram_datastore_copy_nodes)
+        tree = self._ngram.tree(int(root_token), self.shape, budget, depth, root_token.device) if budget else None
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
 

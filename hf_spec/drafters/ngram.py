@@ -336,17 +336,19 @@ class NGramBranches:
         """Index newly committed tokens (one host read)."""
         self.index.extend(next_tokens.tolist())
 
-    def is_copy(self, depth: int, from_datastore: bool = False) -> bool:
-        """Whether the context repeats its whole ``max_match``-token suffix (the answer is copying
-        earlier text): its best continuation is the context's own, at the longest match length; with
-        ``from_datastore`` a corpus continuation at that length counts too (the answer follows a
-        phrase the target wrote before). A function of the committed text only."""
+    def copy_budget(self, depth: int, copy_nodes: int, datastore_copy_nodes: int = 0) -> int:
+        """Nodes to draft on this cycle if it is a copy, else 0. A copy: the context repeats its whole
+        ``max_match``-token suffix (the answer is copying earlier text; ``copy_nodes``), or, with
+        ``datastore_copy_nodes`` > 0, the datastore does (a phrase the target wrote before; its own
+        budget, as corpus continuations branch more than a copied passage). A function of the
+        committed text only."""
         first = next(continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences), None)
-        return self._copies(first, from_datastore)
+        return self._copy_budget(first, copy_nodes, datastore_copy_nodes)
 
-    def _copies(self, first: Continuation | None, from_datastore: bool) -> bool:
-        return (first is not None and first.match_length >= self.index.max_match
-                and (first.position >= 0 or from_datastore))  # fmt: skip
+    def _copy_budget(self, first: Continuation | None, copy_nodes: int, datastore_copy_nodes: int) -> int:
+        if first is None or first.match_length < self.index.max_match:
+            return 0
+        return copy_nodes if first.position >= 0 else datastore_copy_nodes
 
     def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
         """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
@@ -357,10 +359,11 @@ class NGramBranches:
         return tree
 
     def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None,
-              copy_branches: int = 0, copy_from_datastore: bool = False) -> DraftTree:  # fmt: skip
+              copy_branches: int = 0, datastore_copy_branches: int = 0) -> DraftTree:  # fmt: skip
         """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: branching, and depth unless
-        ``depth`` reaches deeper); up to ``copy_branches`` instead on a copy (:meth:`is_copy`, with
-        ``copy_from_datastore`` as ``from_datastore``). The budget depends on the committed text only."""
+        ``depth`` reaches deeper); on a copy (:meth:`copy_budget`) up to ``copy_branches`` (the context's)
+        or ``datastore_copy_branches`` (the datastore's) if larger. The budget depends on the committed
+        text only."""
         if branches <= 0:
             return tree
         depth = max(shape.depth, depth or 0)
@@ -368,8 +371,7 @@ class NGramBranches:
         first = next(continuations, None)
         if first is None:
             return tree
-        if self._copies(first, copy_from_datastore):
-            branches = max(branches, copy_branches)
+        branches = max(branches, self._copy_budget(first, copy_branches, datastore_copy_branches))
         num_nodes = branches if sample else branches + len(tree) - 1
         trie = build_trie(itertools.chain([first], continuations), num_nodes, depth, shape.top_k)
         return graft_trie(tree, trie, max_new=None if sample else branches)
