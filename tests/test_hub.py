@@ -236,6 +236,16 @@ def test_parallelspec_card_names_its_static_tree_widths():
     assert "top-k" not in text.split("| default tree |")[1].splitlines()[0]
 
 
+def test_sorted_card_names_every_served_target_with_its_thresholds():
+    """An S2D drafter serves several targets; its card lists them instead of "target: not recorded"."""
+    drafter = hf_spec.SortedDrafter.from_source_model(make_target(), num_layers=2, exits=[1, 2])
+    drafter.config.set_target_thresholds(make_target().config, [0.8, 0.0], name_or_path="org/big-target")
+    drafter.config.set_target_thresholds(make_target().config, [0.6, 0.0], name_or_path="org/small")
+    text = cards.render_model_card(drafter.config)
+    assert "| targets | `org/big-target` (exit thresholds 0.8/0.0), `org/small` (exit thresholds 0.6/0.0) |" in text
+    assert "| target |" not in text
+
+
 def test_card_citations_match_the_papers():
     titles = {
         "hass": "Learning Harmonized Representations for Speculative Sampling",

@@ -179,6 +179,10 @@ def card_context(config, *, bench_results=None, training_info: dict | None = Non
         "config_class": type(config).__name__,
         "model_type": config.model_type,
         "base_model": config.target_model_name_or_path,
+        "served_targets": [  # a sorted (S2D) drafter serves several targets, each with its exit thresholds
+            {"name": t.get("name_or_path") or t.get("model_type"), "thresholds": list(t.get("thresholds") or [])}
+            for t in (getattr(config, "targets", None) or [])
+        ],
         "target_model_type": config.target_model_type,
         "target_architectures": list(config.target_architectures or []),
         "num_layers": getattr(config, "num_layers", None),
