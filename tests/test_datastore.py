@@ -157,7 +157,7 @@ def test_datastore_copy_cycles_skip_the_drafter_and_stay_lossless(kind, monkeypa
     """ngram_datastore_copy_nodes: a cycle whose corpus continuation matches the whole max_match suffix is a
     copy cycle (no drafter forward, its own budget); the random prompt has no repeats of its own, so only
     the datastore can make such cycles. Greedy output equals plain either way."""
-    from test_hybrid import count_drafter_forwards
+    from test_hybrid import copy_cycle_run
 
     target, prompt, store = corpus_case()
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
@@ -167,12 +167,7 @@ def test_datastore_copy_cycles_skip_the_drafter_and_stay_lossless(kind, monkeypa
         drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_copy_nodes=8,
                                   ngram_copy_skips_drafter=True, ngram_datastore_copy_nodes=6 * from_datastore)  # fmt: skip
         drafter.ngram_datastore = store
-        calls = count_drafter_forwards(monkeypatch)
-        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, tree_depth=2, tree_top_k=2,
-                              tree_total_tokens=2)  # fmt: skip
-        assert torch.equal(out, expected)
-        forwards[from_datastore] = calls[0] / drafter.last_generation_stats.cycles
-        from_ngram[from_datastore] = drafter.last_generation_stats.accepted_from_ngram
+        forwards[from_datastore], from_ngram[from_datastore] = copy_cycle_run(monkeypatch, target, prompt, expected, drafter)
     assert forwards[True] < forwards[False]  # the corpus is the target's own text: its copies are certain
     assert from_ngram[True] > from_ngram[False]  # 6-node corpus tries instead of 2 grafted nodes
 

@@ -294,6 +294,17 @@ def count_drafter_forwards(monkeypatch) -> list[int]:
     return calls
 
 
+def copy_cycle_run(monkeypatch, target, prompt, expected, drafter) -> tuple[float, int]:
+    """Greedy generate with ``drafter`` on the tiny-tree settings of the copy-cycle tests; asserts the output is
+    ``expected`` (plain greedy) and returns (drafter forwards per cycle, tokens accepted from n-gram nodes)."""
+    calls = count_drafter_forwards(monkeypatch)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, tree_depth=2, tree_top_k=2,
+                          tree_total_tokens=2)  # fmt: skip
+    assert torch.equal(out, expected)
+    stats = drafter.last_generation_stats
+    return calls[0] / stats.cycles, stats.accepted_from_ngram
+
+
 @pytest.mark.parametrize("kind", ["eagle", "parallel"])
 def test_copy_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind, monkeypatch):
     """ngram_copy_skips_drafter: a copy cycle drafts the n-gram trie alone and runs no drafter forward;
@@ -306,12 +317,7 @@ def test_copy_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind,
     for skip in (False, True):
         drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_copy_nodes=8,
                                   ngram_copy_skips_drafter=skip)  # fmt: skip
-        calls = count_drafter_forwards(monkeypatch)
-        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, tree_depth=2, tree_top_k=2,
-                              tree_total_tokens=2)  # fmt: skip
-        assert torch.equal(out, expected)
-        forwards[skip] = calls[0] / drafter.last_generation_stats.cycles
-        from_ngram[skip] = drafter.last_generation_stats.accepted_from_ngram
+        forwards[skip], from_ngram[skip] = copy_cycle_run(monkeypatch, target, prompt, expected, drafter)
     assert forwards[True] < forwards[False]  # the repetitive prompt makes copy cycles certain
     assert from_ngram[True] > 0
 
