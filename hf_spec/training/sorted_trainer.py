@@ -80,19 +80,25 @@ def label_token_counts(rows: list[dict], vocab_size: int) -> torch.Tensor:
     return counts
 
 
+def right_pad(rows, pad_token_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of ``rows``' ``input_ids``, right-padded with ``pad_token_id``."""
+    length = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r["input_ids"])] = torch.as_tensor(r["input_ids"])
+        mask[i, : len(r["input_ids"])] = 1
+    return ids, mask
+
+
 def pad_collator(pad_token_id: int):
     """Right-pads ``input_ids`` (with ``pad_token_id``) and ``labels`` (with -100); adds ``attention_mask``."""
 
     def collate(rows):
-        length = max(len(r["input_ids"]) for r in rows)
-        ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
-        labels = torch.full((len(rows), length), -100, dtype=torch.long)
-        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        ids, mask = right_pad(rows, pad_token_id)
+        labels = torch.full_like(ids, -100)
         for i, r in enumerate(rows):
-            n = len(r["input_ids"])
-            ids[i, :n] = torch.as_tensor(r["input_ids"])
-            labels[i, :n] = torch.as_tensor(r["labels"])
-            mask[i, :n] = 1
+            labels[i, : len(r["input_ids"])] = torch.as_tensor(r["labels"])
         return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
     return collate
@@ -119,11 +125,7 @@ def teacher_labels(teacher, rows: list[dict], batch_size: int = 4, head_rows: in
     for begin in range(0, len(rows), batch_size):
         chunk = rows[begin : begin + batch_size]
         lengths = [len(r["input_ids"]) for r in chunk]
-        ids = torch.zeros((len(chunk), max(lengths)), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(chunk):
-            ids[i, : lengths[i]] = torch.as_tensor(r["input_ids"])
-            mask[i, : lengths[i]] = 1
+        ids, mask = right_pad(chunk)
         hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).last_hidden_state
         labelled = torch.arange(ids.shape[1]) < torch.tensor(lengths)[:, None] - 1  # the last token labels nothing
         features = hidden[labelled.to(device)]  # (sum(n - 1), H), row-major: row i's positions, then row i + 1's
