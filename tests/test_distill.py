@@ -64,6 +64,18 @@ def test_distillation_writes_a_resumable_feature_cache(tmp_path):
     assert len(load_feature_cache(out)[0]) == 6
 
 
+def test_skip_answers_only_the_prompts_after_the_first_ones(tmp_path):
+    target, tok = make_target("llama", vocab_size=64, logit_scale=3.0), tiny_chat_tokenizer()
+    conversations = _conversations(10, seed=4)
+    usable = [p["id"] for p in first_turn_prompts(tok, conversations, 64)]
+    distill_features(target, tok, conversations, str(tmp_path / "first"), max_new_tokens=3, max_prompt_tokens=64,
+                     batch_size=4, shard_examples=8, limit=4)
+    distill_features(target, tok, conversations, str(tmp_path / "next"), max_new_tokens=3, max_prompt_tokens=64,
+                     batch_size=4, shard_examples=8, limit=4, skip=4)
+    first, after = (sorted(load_feature_cache(str(tmp_path / d))[0]["id"]) for d in ("first", "next"))
+    assert first == sorted(usable[:4]) and after == sorted(usable[4:8])
+
+
 def test_known_greedy_tokens_give_the_same_draft_vocabulary_targets_without_the_full_head(monkeypatch):
     import hf_spec
 

@@ -116,6 +116,7 @@ def distill_features(
     shard_examples: int = 256,
     storage: str = "bfloat16",
     limit: int | None = None,
+    skip: int = 0,
 ) -> str:
     """Answer the first user turn of each conversation with ``target`` (greedy) and save the
     conversations with their target features as feature-cache shards in ``output_dir``.
@@ -123,12 +124,14 @@ def distill_features(
     ``loss_mask`` is 1 on the generated tokens (the answer and its end-of-turn token). Also
     appends the distilled conversations to ``output_dir/conversations.jsonl`` and one
     throughput line per batch to ``output_dir/distill_log.jsonl``. ``limit``: answer the first
-    ``limit`` usable prompts (after the length filter). Resumable by shard.
+    ``limit`` usable prompts (after the length filter); ``skip``: after the first ``skip`` usable
+    ones (new data for a drafter trained on those, e.g. with ``--init_drafter``). Resumable by shard.
     """
     from datasets import Dataset
 
     os.makedirs(output_dir, exist_ok=True)
-    prompts = first_turn_prompts(tokenizer, conversations, max_prompt_tokens)[:limit]
+    usable = first_turn_prompts(tokenizer, conversations, max_prompt_tokens)
+    prompts = usable[skip : None if limit is None else skip + limit]
     prompts.sort(key=lambda p: len(p["prompt_ids"]))  # similar lengths per batch: little padding
     hidden_size = target.config.get_text_config().hidden_size
     schema = _features_schema(hidden_size, storage)
@@ -213,6 +216,8 @@ def main(argv=None):
     parser.add_argument("--target_model", default="smollm2-135m-instruct", help="packaged name or local path")
     parser.add_argument("--dataset", default="sharegpt", help="sharegpt | chitchat | path to .jsonl")
     parser.add_argument("--num_conversations", type=int, default=3200, help="prompts to answer (first usable ones after shuffling)")
+    parser.add_argument("--skip_conversations", type=int, default=0,
+                        help="start after the first N usable prompts (new data for a drafter trained on those)")
     parser.add_argument("--shuffle_seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto", choices=["auto", *sorted(FEATURE_DTYPES)],
                         help="the target's compute dtype (auto: bf16 where this device computes it natively)")
@@ -230,7 +235,8 @@ def main(argv=None):
     conversations = load_conversations(args.dataset)
     random.Random(args.shuffle_seed).shuffle(conversations)
     distill_features(target, tokenizer, conversations, args.output, args.max_new_tokens, args.max_prompt_tokens,
-                     args.batch_size, args.shard_examples, args.storage, limit=args.num_conversations)  # fmt: skip
+                     args.batch_size, args.shard_examples, args.storage, limit=args.num_conversations,
+                     skip=args.skip_conversations)  # fmt: skip
 
 
 if __name__ == "__main__":
