@@ -144,6 +144,34 @@ def test_sampling_pins_expanded_nodes_and_checks_budget():
     TreeShape(4, 3, 8).validate(sampling=False)
 
 
+@pytest.mark.parametrize("sample", [False, True])
+def test_growing_over_draft_vocabulary_columns_equals_growing_over_full_rows(sample):
+    """A drafter with a draft vocabulary returns (R, D) rows over its ids: the tree is the one grown over the
+    (R, V) rows that are -inf outside those ids (greedy), and in sampling the kept draft distributions are
+    the same (R, V) probabilities."""
+    ids = torch.tensor([1, 4, 5, 9, 12, 17])
+    g = torch.Generator().manual_seed(1)
+    table = torch.log_softmax(torch.randn(20, 8, ids.numel(), generator=g) * 2, dim=-1)  # (token, depth, D)
+    full_table = torch.full((20, 8, 20), float("-inf"))
+    full_table[..., ids] = table
+
+    def grow(rows, vocab_ids=None):
+        torch.manual_seed(0)
+        return grow_dynamic_tree(3, rows[3, 0], lambda f: rows[f.tokens, f.depths], TreeShape(3, 3, 9), sample,
+                                 vocab_ids=vocab_ids, vocab_size=20)  # fmt: skip
+
+    draft, full = grow(table, ids), grow(full_table)
+    assert set(draft.tokens[1:].tolist()) <= set(ids.tolist())
+    if not sample:
+        for name in ("tokens", "parents", "depths", "scores", "expanded", "candidate_tokens", "candidate_nodes"):
+            assert torch.equal(getattr(draft, name), getattr(full, name)), name
+    else:
+        assert draft.draft_probs.shape == (len(draft.expanded), 20)
+        expanded_tokens = draft.tokens[draft.expanded]
+        expected = full_table[expanded_tokens, draft.depths[draft.expanded]].exp()
+        torch.testing.assert_close(draft.draft_probs, expected)
+
+
 def test_gumbel_top_k_draws_without_replacement_from_q():
     logq = torch.log_softmax(torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0]), dim=-1)
     q = logq.exp()

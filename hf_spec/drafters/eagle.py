@@ -212,16 +212,20 @@ class EagleDrafter(SpecDrafterModel):
         self._grouped_head = None
         return self.router
 
-    def draft_log_probs(self, hidden: torch.Tensor, temperature: float = 1.0, use_router: bool = False) -> torch.Tensor:
+    def draft_log_probs(
+        self, hidden: torch.Tensor, temperature: float = 1.0, use_router: bool = False, full_vocab: bool = True
+    ) -> torch.Tensor:
         """Float32 draft log-probabilities (R, V) of drafter outputs ``hidden`` (R, H): the full
         LM head, or with ``use_router`` only the router's top-n groups (-inf elsewhere).
 
         With a draft vocabulary only its D rows of the head are multiplied (the router's groups
-        partition those rows) and the log-probabilities are -inf outside it."""
+        partition those rows) and the log-probabilities are -inf outside it; ``full_vocab=False``
+        returns them as (R, D) over :attr:`draft_ids` instead (no (R, V) tensor to fill and scan)."""
         if not use_router:
             if self.has_draft_vocab:
                 head = self.draft_head()
-                return head.to_full(torch.log_softmax(head.logits(hidden).float() / temperature, dim=-1))
+                logq = torch.log_softmax(head.logits(hidden).float() / temperature, dim=-1)
+                return head.to_full(logq) if full_vocab else logq
             return torch.log_softmax(self.lm_logits(hidden).float() / temperature, dim=-1)
         if self.router is None:
             raise ValueError("This drafter has no LM-head router. Fix: drop use_router, or train one (train_coral.py).")
@@ -237,7 +241,7 @@ class EagleDrafter(SpecDrafterModel):
             self._grouped_head = (key, grouped)
         router_logits = self.router(hidden.to(self.router.w1.weight.dtype))
         logq = routed_log_probs(hidden, router_logits, self._grouped_head[1], self.config.router_top_n, temperature)
-        return head.to_full(logq) if self.has_draft_vocab else logq
+        return head.to_full(logq) if self.has_draft_vocab and full_vocab else logq
 
     def forward(
         self,
@@ -327,6 +331,9 @@ class EagleDraftingSession(DraftingSession):
         self.committed = 0
         self.forward_seconds = 0.0
         self.use_router = drafter.router is not None and bool(drafter.config.use_router)
+        self.vocab_ids = drafter.draft_ids if drafter.has_draft_vocab and drafter.draft_ids.numel() >= shape.top_k else None
+        """Target ids of the draft vocabulary when the tree is grown over it (draft log-probabilities (R, D),
+        drawn ids mapped back); None: over the full vocabulary."""
         self.ngram_branches = drafter.config.ngram_branches
         """N-gram nodes grafted per tree (0: off); set before the first :meth:`propose`."""
         self.prompt_ids = prompt_ids
@@ -403,7 +410,8 @@ class EagleDraftingSession(DraftingSession):
         )
         hidden = out.last_hidden_state[0]
         head_input = hidden[-1:] if last_only else hidden  # the LM head is most of a drafter step
-        logq = self.drafter.draft_log_probs(head_input, self.temperature, self.use_router)
+        logq = self.drafter.draft_log_probs(head_input, self.temperature, self.use_router,
+                                            full_vocab=self.vocab_ids is None)  # fmt: skip
         # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
         # propose nothing, and verification falls back to the target alone.
         logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
@@ -441,7 +449,8 @@ class EagleDraftingSession(DraftingSession):
             return out_logq
 
         try:
-            tree = grow_dynamic_tree(next_tokens[-1], logq[-1], expand, shape, self.do_sample)  # no host read
+            tree = grow_dynamic_tree(next_tokens[-1], logq[-1], expand, shape, self.do_sample,  # no host read
+                                     vocab_ids=self.vocab_ids, vocab_size=self.drafter.config.target_vocab_size)
         finally:
             crop_to(self.cache, committed)
         return self.graft_ngram(tree)

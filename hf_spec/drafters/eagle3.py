@@ -193,12 +193,15 @@ class Eagle3Drafter(SpecDrafterModel):
         """The drafter's own head: ``lm_head(norm(hidden))`` (..., D) (D = V without a draft vocabulary)."""
         return self.lm_head(self.norm(hidden_states))
 
-    def draft_log_probs(self, hidden: torch.Tensor, temperature: float = 1.0, use_router: bool = False) -> torch.Tensor:
-        """Float32 draft log-probabilities (R, V) of drafter hidden states (R, H); -inf outside the draft vocabulary."""
+    def draft_log_probs(
+        self, hidden: torch.Tensor, temperature: float = 1.0, use_router: bool = False, full_vocab: bool = True
+    ) -> torch.Tensor:
+        """Float32 draft log-probabilities (R, V) of drafter hidden states (R, H); -inf outside the draft vocabulary
+        (``full_vocab=False``: (R, D) over :attr:`draft_ids`)."""
         if use_router:
             raise ValueError("Eagle3Drafter has no LM-head router. Fix: drop use_router.")
         logq = torch.log_softmax(self.draft_logits(hidden).float() / temperature, dim=-1)
-        if not self.has_draft_vocab:
+        if not self.has_draft_vocab or not full_vocab:
             return logq
         return draft_vocab.scatter_to_vocab(logq, self.draft_ids, self.config.target_vocab_size)
 

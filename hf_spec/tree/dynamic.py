@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from ..draft_vocab import scatter_to_vocab
 from .tree import DraftTree
 
 
@@ -94,8 +95,15 @@ def grow_dynamic_tree(
     shape: TreeShape,
     sample: bool,
     generator: torch.Generator | None = None,
+    vocab_ids: torch.Tensor | None = None,
+    vocab_size: int | None = None,
 ) -> DraftTree:
     """Grow an EAGLE-2 tree from the root's draft log-probabilities ``root_logq`` (V,).
+
+    With ``vocab_ids`` (D,) every log-probability row (the root's and ``expand``'s) is over those
+    target ids only (a draft vocabulary, -inf elsewhere implied): candidates are drawn among the D
+    columns and mapped to target ids, and in sampling the kept draft distributions are scattered
+    back to ``vocab_size`` columns for verification. The tree is the same as over the full rows.
 
     The loop reads nothing back to the host: every frontier has min(top_k, newest) nodes,
     and a frontier node with a non-finite score (a draw the drafter gave probability 0) is
@@ -117,6 +125,8 @@ def grow_dynamic_tree(
 
     def add_children(parent_nodes: torch.Tensor, logq: torch.Tensor, start: int) -> torch.Tensor:
         child_tokens, child_logq = draw_candidates(logq, k, sample, generator)
+        if vocab_ids is not None:
+            child_tokens = vocab_ids[child_tokens]
         count = child_tokens.numel()
         ids = torch.arange(start, start + count, device=device)
         tokens[ids] = child_tokens.reshape(-1)
@@ -169,10 +179,19 @@ def grow_dynamic_tree(
         scores[:count],
         torch.cat(expanded_nodes),
         torch.cat(candidate_lists),
-        torch.cat(draft_logq).exp() if sample else None,
+        _full_probs(torch.cat(draft_logq), vocab_ids, vocab_size) if sample else None,
         shape.total_tokens,
         pin_expanded=sample,
     )
+
+
+def _full_probs(logq: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int | None) -> torch.Tensor:
+    """Probabilities (R, V) of log-probability rows over the full vocabulary or over ``vocab_ids``."""
+    if vocab_ids is None:
+        return logq.exp()
+    if vocab_size is None:
+        raise ValueError("grow_dynamic_tree with vocab_ids needs vocab_size (the target's vocabulary size).")
+    return scatter_to_vocab(logq.exp(), vocab_ids, vocab_size, fill=0.0)
 
 
 def _select(tokens, parents, depths, scores, expanded, candidates, draft_probs, total_tokens, pin_expanded):
