@@ -20,9 +20,16 @@ SHIPPED_DRAFTERS = Path(__file__).resolve().parents[1] / "drafters"
 """Drafters trained by this project's training scripts, committed with their reproduction command."""
 
 
+DEMO_DRAFTER_ORDER = ("eagle", "coral", "hass")
+"""Shipped drafter families, best first: by the geometric mean of their speedup over plain greedy across the prompt
+ranges of the recorded Zen 4 bf16 benches (benchmarks/smollm2-drafters-that-pay/zen4_bf16_session28 and
+zen4_bf16_session29_warmstart: EAGLE 2.07 / 1.95, CORAL 2.06 / 1.85, HASS 1.96 / 1.81); the demo's own prompts were
+never used to choose."""
+
+
 def shipped_drafter_path(target_name: str) -> Path | None:
-    """The best shipped drafter for ``target_name`` (HASS before EAGLE), or None."""
-    for method in ("hass", "eagle"):
+    """The best shipped drafter for ``target_name`` (first of :data:`DEMO_DRAFTER_ORDER` that ships), or None."""
+    for method in DEMO_DRAFTER_ORDER:
         path = SHIPPED_DRAFTERS / f"{target_name}-{method}"
         if (path / "config.json").is_file():
             return path

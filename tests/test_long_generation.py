@@ -1,5 +1,5 @@
-"""Long generation on the real SmolLM2 (nightly: ``-m slow``): 4096 new tokens with the shipped
-HASS drafter in fp32 equal plain generate() token for token, the target's KV cache never holds
+"""Long generation on the real SmolLM2 (nightly: ``-m slow``): 4096 new tokens with the demo's
+shipped drafter in fp32 equal plain generate() token for token, the target's KV cache never holds
 more than the committed tokens plus one draft tree, and the process memory stays flat.
 Recorded run: benchmarks/long_generation/README.md."""
 
