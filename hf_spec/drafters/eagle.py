@@ -331,7 +331,8 @@ class EagleDraftingSession(DraftingSession):
         self.committed = 0
         self.forward_seconds = 0.0
         self.use_router = drafter.router is not None and bool(drafter.config.use_router)
-        self.vocab_ids = drafter.draft_ids if drafter.has_draft_vocab and drafter.draft_ids.numel() >= shape.top_k else None
+        draft_ids = drafter.draft_ids  # derived from the d2t buffer on each access: read once
+        self.vocab_ids = draft_ids if draft_ids is not None and draft_ids.numel() >= shape.top_k else None
         """Target ids of the draft vocabulary when the tree is grown over it (draft log-probabilities (R, D),
         drawn ids mapped back); None: over the full vocabulary."""
         self.ngram_branches = drafter.config.ngram_branches
