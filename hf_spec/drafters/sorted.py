@@ -723,6 +723,8 @@ class SortedDraftingSession(DraftingSession):
         self.layer_calls = 0
         self.head_calls = 0
         self.forward_seconds = 0.0
+        self.draft_ids = drafter.draft_ids if drafter.has_draft_vocab else None
+        """Target ids of the draft vocabulary (tokens are drawn among its D columns and mapped back); None: full."""
 
     def record(self, stats) -> None:
         super().record(stats)
@@ -793,15 +795,13 @@ class SortedDraftingSession(DraftingSession):
         try:
             for d in range(self.depth):
                 logits, s = self._adaptive_exit(hidden)
-                logq = torch.log_softmax(logits / self.temperature, dim=-1)
-                if self.drafter.has_draft_vocab:  # (D,) -> (V,), -inf outside the draft vocabulary
-                    logq = self.drafter.draft_head().to_full(logq)
+                logq = torch.log_softmax(logits / self.temperature, dim=-1)  # (D,) with a draft vocabulary
                 # A broken drafter (NaN/inf) must cost speed, never correctness.
                 logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
                 if not bool(torch.isfinite(logq).any()):
                     break
                 token, _ = draw_candidates(logq.view(1, -1), 1, self.do_sample)
-                token = token.view(1)
+                token = token.view(1) if self.draft_ids is None else self.draft_ids[token.view(1)]
                 drafts.append(token)
                 rows.append(logq)
                 exits.append(s)
@@ -814,8 +814,11 @@ class SortedDraftingSession(DraftingSession):
             self.forward_seconds += timing.clock(self.drafter.device) - begin
         draft_tokens = torch.cat(drafts) if drafts else root.new_empty(0)
         tree = DraftTree.chain(root, draft_tokens)
-        if self.do_sample and drafts:
-            tree.draft_probs = torch.stack(rows).exp()
+        if self.do_sample and drafts:  # the draft distributions over the full vocabulary, 0 outside the draft one
+            probs = torch.stack(rows).exp()
+            if self.draft_ids is not None:
+                probs = draft_vocab.scatter_to_vocab(probs, self.draft_ids, self.drafter.config.target_vocab_size, 0.0)
+            tree.draft_probs = probs
         elif self.do_sample:
             tree.draft_probs = torch.zeros(0, self.drafter.config.target_vocab_size, device=root.device)
         return tree
