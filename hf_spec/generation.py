@@ -12,6 +12,7 @@ criteria exactly as for plain decoding; every other call goes to transformers un
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 
 import torch
@@ -26,7 +27,7 @@ from .stats import GenerationStats
 
 __all__ = ["GenerationStats", "check_supported", "install", "is_installed", "speculative_decode", "uninstall"]
 
-TREE_KWARGS = ("tree_depth", "tree_top_k", "tree_total_tokens")
+TREE_KWARGS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_min_prob")
 
 
 def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
@@ -74,6 +75,7 @@ def speculative_decode(
     tree_depth: int | None = None,
     tree_top_k: int | None = None,
     tree_total_tokens: int | None = None,
+    tree_min_prob: float | None = None,
     use_router: bool | None = None,
     ngram_branches: int | None = None,
     **model_kwargs,
@@ -94,13 +96,14 @@ def speculative_decode(
         drafter.bind(model)
     do_sample = bool(generation_config.do_sample)
     choice = None
-    if all(v is None for v in (tree_depth, tree_top_k, tree_total_tokens, ngram_branches)):
+    if all(v is None for v in (tree_depth, tree_top_k, tree_total_tokens, tree_min_prob, ngram_branches)):
         choice = select_shape(model, drafter)  # the drafter's shape candidates, timed on this machine
         if choice is not None:
             options = choice.options
             tree_depth, tree_top_k = options.get("tree_depth"), options.get("tree_top_k")
             tree_total_tokens, ngram_branches = options.get("tree_total_tokens"), options.get("ngram_branches")
-    shape = drafter.tree_shape(tree_depth, tree_top_k, tree_total_tokens)
+            tree_min_prob = options.get("tree_min_prob")
+    shape = with_min_prob(drafter, drafter.tree_shape(tree_depth, tree_top_k, tree_total_tokens), tree_min_prob)
     shape.validate(do_sample)
     temperature = float(generation_config.temperature or 1.0) if do_sample else 1.0
     _check_streamer(streamer, input_ids)
@@ -114,6 +117,21 @@ def speculative_decode(
                                                       "plain_ms_per_token": choice.plain_ms_per_token,
                                                       "drafted": not choice.plain_is_faster}  # fmt: skip
     return output
+
+
+def with_min_prob(drafter: SpecDrafterModel, shape, min_prob: float | None):
+    """``shape`` with the confidence floor ``min_prob`` (None: the drafter's ``tree_min_prob``, 0 when unset);
+    raises ValueError when a drafter family without dynamic trees is given a non-zero floor."""
+    explicit = min_prob is not None
+    min_prob = min_prob if explicit else getattr(drafter.config, "tree_min_prob", 0.0) or 0.0
+    if not drafter.supports_tree_min_prob:
+        if explicit and min_prob:
+            raise ValueError(
+                f"tree_min_prob={min_prob} sizes the dynamic trees of EAGLE-family drafters (EagleDrafter, "
+                f"Eagle3Drafter); {type(drafter).__name__} drafts other trees. Fix: drop tree_min_prob."
+            )
+        return shape
+    return dataclasses.replace(shape, min_prob=min_prob)  # validate() checks the value
 
 
 # -- the integration point ---------------------------------------------------------------------

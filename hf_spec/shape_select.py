@@ -7,7 +7,7 @@ A shape tuned on one machine can lose on the next (``benchmarks/cross_machine_sh
 
 So a drafter's config may carry **shape candidates** (``tree_shape_candidates``): the
 ``generate()`` options of a few trees (``tree_depth``, ``tree_top_k``, ``tree_total_tokens``,
-``ngram_branches``; None keeps the configured value) together with what they achieved on
+``tree_min_prob``, ``ngram_branches``; None keeps the configured value) together with what they achieved on
 held-aside prompts, which does not depend on the machine: ``tau`` (tokens per target forward)
 and ``verified_nodes`` (tree nodes verified per cycle, root included).
 (``hf_spec.tune.measure_candidates`` measures them; ``benchmarks/shape_candidates/``.)
@@ -52,7 +52,7 @@ __all__ = [
     "select_shape",
 ]
 
-CANDIDATE_OPTIONS = ("tree_depth", "tree_top_k", "tree_total_tokens", "ngram_branches")
+CANDIDATE_OPTIONS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_min_prob", "ngram_branches")
 """The ``generate()`` options a candidate sets."""
 CANDIDATE_RESULTS = ("tau", "verified_nodes")
 """What a candidate achieved on held-aside prompts (machine-independent)."""

@@ -46,6 +46,33 @@ def test_oracle_drafter_matches_plain_greedy_and_accepts(family, shape):
         assert max(stats.accepted_lengths) >= 3
 
 
+@pytest.mark.parametrize("min_prob", [0.05, 0.3])
+def test_confidence_floor_matches_plain_greedy_and_shrinks_trees(family, min_prob):
+    """tree_min_prob sizes each tree by the drafter's confidence: still token-for-token plain greedy, with fewer
+    verified nodes than the same shape without the floor."""
+    target, drafter = oracle_pair(family)
+    shape = dict(tree_depth=5, tree_top_k=4, tree_total_tokens=24)
+    verified = {}
+    for floor in (0.0, min_prob):
+        nodes = 0
+        for seed in range(3):
+            prompt = random_prompt(seed=seed)
+            expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+            out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, do_sample=False,
+                                  tree_min_prob=floor, **shape)  # fmt: skip
+            assert torch.equal(out, expected)
+            nodes += sum(drafter.last_generation_stats.tree_sizes)
+        verified[floor] = nodes
+    assert verified[min_prob] < verified[0.0]
+
+
+def test_confidence_floor_on_a_family_without_dynamic_trees_names_the_fix():
+    target = make_target("llama")
+    drafter = hf_spec.ParallelDrafter.from_target(target)
+    with pytest.raises(ValueError, match="tree_min_prob"):
+        target.generate(random_prompt(), assistant_model=drafter, max_new_tokens=4, do_sample=False, tree_min_prob=0.1)
+
+
 def test_eos_inside_the_tree_stops_like_plain(family):
     target, drafter = oracle_pair(family)
     prompt = random_prompt(seed=5)

@@ -103,16 +103,17 @@ CASES = [  # (drafter, tree shape (depth, top_k, total), warper kwargs)
     ("trained", (3, 3, 6), dict(temperature=0.7, top_p=0.8)),
     ("random", (3, 4, 8), dict(temperature=1.0, top_k=5)),
     ("random", (3, 1, 3), dict(temperature=0.7, top_p=0.9)),
+    ("trained", (4, 4, 12, 0.1), dict(temperature=1.0)),  # tree_min_prob: confidence-sized trees
 ]
 
 
-@pytest.mark.parametrize("kind,shape,warp", CASES, ids=[f"{c[0]}-d{c[1][0]}k{c[1][1]}-{c[2]}" for c in CASES])
+@pytest.mark.parametrize("kind,shape,warp", CASES, ids=[f"{c[0]}-d{c[1][0]}k{c[1][1]}{'-floor' if len(c[1]) > 3 else ''}-{c[2]}" for c in CASES])
 def test_sampled_distribution_equals_target(kind, shape, warp):
     target, drafter = tiny_pair(kind)
     prompt = random_prompt(length=6, vocab_size=VOCAB, seed=11)
-    depth, top_k, total = shape
+    depth, top_k, total, *floor = shape
     p_value, tau = sampled_law_p_value(target, prompt, drafter, warp, tree_depth=depth, tree_top_k=top_k,
-                                       tree_total_tokens=total)  # fmt: skip
+                                       tree_total_tokens=total, tree_min_prob=floor[0] if floor else None)  # fmt: skip
     assert p_value > P_VALUE_FLOOR, (p_value, tau)
     if kind == "trained":
         assert tau > 1.5  # drafts are really accepted, so the accept path is exercised

@@ -1,5 +1,7 @@
 """DraftTree masks/positions/paths and EAGLE-2 dynamic growth (pure tensor code)."""
 
+import math
+
 import pytest
 import torch
 
@@ -121,6 +123,42 @@ def _all_scores(table, root_logq, depth, top_k):
             level += [(s + float(vv), int(cc), d + 1) for vv, cc in zip(v, c)]
         scores += [s for s, _, _ in level]
     return torch.tensor(scores)
+
+
+@pytest.mark.parametrize("sample", [False, True])
+@pytest.mark.parametrize("min_prob", [0.02, 0.1, 0.3])
+def test_min_prob_keeps_confident_nodes_and_stops_growing_below_the_floor(sample, min_prob):
+    """With tree_min_prob, greedy keeps exactly the nodes of the unfloored tree scoring >= log(min_prob) (up to the
+    budget), growth stops at the first depth whose best node is below it, and sampling still pins expanded nodes."""
+    table, expand, calls = fake_expand()
+    shape, floored = TreeShape(5, 3, 30), TreeShape(5, 3, 30, min_prob=min_prob)
+    torch.manual_seed(0)
+    full = grow_dynamic_tree(3, table[3, 0], expand, shape, sample=sample)
+    full_calls = len(calls)
+    calls.clear()
+    torch.manual_seed(0)
+    tree = grow_dynamic_tree(3, table[3, 0], expand, floored, sample=sample)
+    floor = math.log(min_prob)
+    assert torch.all(tree.parents[1:] < torch.arange(1, len(tree)))
+    below = tree.scores[1:] < floor
+    if not sample:
+        assert not below.any()
+        confident = [(int(t), int(p), int(d)) for t, p, d, s in zip(full.tokens, full.parents, full.depths, full.scores)
+                     if s >= floor]  # fmt: skip
+        assert len(tree) == len(confident)  # the root scores 0 and is always kept
+        assert sorted(tree.depths.tolist()) == sorted(d for _, _, d in confident)
+    else:  # only pinned (expanded) nodes may sit below the floor
+        expanded = set(tree.expanded.tolist())
+        assert all(i + 1 in expanded for i in torch.nonzero(below).view(-1).tolist())
+    # growth: a depth is expanded only while its best node reaches the floor
+    depths_grown = 1 + len(calls)
+    assert len(calls) <= full_calls
+    if depths_grown < shape.depth and not sample:
+        assert not bool((tree.depths == depths_grown).any())  # its best node was below the floor
+    if min_prob == 0.3 and not sample:
+        assert depths_grown < shape.depth  # this table's paths fall below 0.3 early: the check above is exercised
+    with pytest.raises(ValueError, match="tree_min_prob"):
+        TreeShape(5, 3, 30, min_prob=1.0).validate(sampling=False)
 
 
 def test_frontier_attends_to_its_expanded_ancestors_only():

@@ -43,8 +43,10 @@ class SpecDrafterConfig(PretrainedConfig):
         target_architectures: the target's ``architectures``.
         target_hidden_size / target_vocab_size: must equal the target's; checked at bind time.
         tree_depth / tree_top_k / tree_total_tokens: default draft-tree shape for generate().
+        tree_min_prob: default confidence floor of dynamic trees (0: off; :class:`~hf_spec.tree.dynamic.TreeShape`):
+            nodes whose cumulative draft probability is below it are neither grown nor verified.
         tree_shape_candidates: optional list of shapes (``generate()`` options ``tree_depth``,
-            ``tree_top_k``, ``tree_total_tokens``, ``ngram_branches``) with the ``tau`` and
+            ``tree_top_k``, ``tree_total_tokens``, ``tree_min_prob``, ``ngram_branches``) with the ``tau`` and
             ``verified_nodes`` each achieved on held-aside prompts; :mod:`hf_spec.shape_select`
             picks the fastest on the machine at hand (its costs timed once, cached).
         auto_tree_shape: use the candidates when a call sets none of those options (None: true
@@ -77,6 +79,7 @@ class SpecDrafterConfig(PretrainedConfig):
         hf_spec_version: str | None = None,
         tree_shape_candidates: list[dict] | None = None,
         auto_tree_shape: bool | None = None,
+        tree_min_prob: float = 0.0,
         **kwargs,
     ):
         from ..shape_select import check_candidates
@@ -91,6 +94,7 @@ class SpecDrafterConfig(PretrainedConfig):
         self.tree_depth = tree_depth
         self.tree_top_k = tree_top_k
         self.tree_total_tokens = tree_total_tokens
+        self.tree_min_prob = tree_min_prob
         self.initializer_range = initializer_range
         self.training_method = training_method
         if draft_vocab_size is not None and (not isinstance(draft_vocab_size, int) or draft_vocab_size < 1):
@@ -166,6 +170,8 @@ class SpecDrafterModel(PreTrainedModel):
     supports_gradient_checkpointing = False
     _supports_sdpa = True
     _no_split_modules = []
+    supports_tree_min_prob = False
+    """Whether the family grows dynamic trees that honour ``tree_min_prob`` (EAGLE family)."""
 
     def __init__(self, config: SpecDrafterConfig):
         super().__init__(config)

@@ -142,6 +142,8 @@ class EagleDrafterOutput(ModelOutput):
 class EagleDrafter(SpecDrafterModel):
     """EAGLE/HASS/CORAL feature drafter: ``fc([emb; feat])`` -> decoder layers -> target LM head."""
 
+    supports_tree_min_prob = True
+
     config_class = EagleDrafterConfig
 
     def __init__(self, config: EagleDrafterConfig):

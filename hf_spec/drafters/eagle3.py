@@ -118,6 +118,8 @@ class Eagle3Drafter(SpecDrafterModel):
     """EAGLE-3 drafter: ``fc`` over the target's fused layers -> one 2H-input decoder layer -> own
     ``norm`` + ``lm_head`` over the draft vocabulary (``d2t``/``t2d``; the full vocabulary without one)."""
 
+    supports_tree_min_prob = True
+
     config_class = Eagle3DrafterConfig
     owns_draft_head = True
     """Its draft head (``norm`` + ``lm_head``) is its own and trained: training scores inside :meth:`forward`

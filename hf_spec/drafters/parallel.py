@@ -70,6 +70,7 @@ class ParallelDrafter(EagleDrafter):
     """EAGLE drafter + k ``[MASK]`` embeddings: k+1 draft distributions from one forward."""
 
     config_class = ParallelDrafterConfig
+    supports_tree_min_prob = False  # static trees from one forward: nothing to stop growing
 
     def __init__(self, config: ParallelDrafterConfig):
         super().__init__(config)

@@ -14,6 +14,7 @@ the final tree, which is what keeps recursive rejection sampling lossless (see
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,11 +27,17 @@ from .tree import DraftTree
 @dataclass
 class TreeShape:
     """How big a draft tree grows: ``depth`` levels, ``top_k`` children per expanded node,
-    ``total_tokens`` draft nodes kept for verification (the root excluded)."""
+    ``total_tokens`` draft nodes kept for verification (the root excluded).
+
+    ``min_prob`` (0: off) sizes each tree by the drafter's confidence: a node whose cumulative draft
+    probability (the product along its path) is below it is not verified, and growth stops at the
+    first depth whose best node is below it. On confident text the tree keeps its full depth; on
+    uncertain text it shrinks, saving drafting forwards and verified tokens. Any value is lossless."""
 
     depth: int = 6
     top_k: int = 8
     total_tokens: int = 60
+    min_prob: float = 0.0
 
     @property
     def max_nodes(self) -> int:
@@ -49,6 +56,13 @@ class TreeShape:
                 f"{self.top_k * (self.depth - 1)}; got tree_total_tokens={self.total_tokens}. Raise "
                 f"tree_total_tokens or lower tree_depth / tree_top_k."
             )
+        if not isinstance(self.min_prob, (int, float)) or not 0.0 <= self.min_prob < 1.0:
+            raise ValueError(f"tree_min_prob must be a number in [0, 1) (0: off), got {self.min_prob!r}.")
+
+    @property
+    def min_score(self) -> float | None:
+        """log(min_prob), the floor on a node's cumulative draft log-probability; None when off."""
+        return math.log(self.min_prob) if self.min_prob > 0 else None
 
 
 @dataclass
@@ -105,10 +119,11 @@ def grow_dynamic_tree(
     columns and mapped to target ids, and in sampling the kept draft distributions are scattered
     back to ``vocab_size`` columns for verification. The tree is the same as over the full rows.
 
-    The loop reads nothing back to the host: every frontier has min(top_k, newest) nodes,
-    and a frontier node with a non-finite score (a draw the drafter gave probability 0) is
-    still run through ``expand`` but its children score -inf, so :func:`_select` drops it
-    and them, exactly as if it had not been expanded.
+    Without ``shape.min_prob`` the loop reads nothing back to the host: every frontier has
+    min(top_k, newest) nodes, and a frontier node with a non-finite score (a draw the drafter gave
+    probability 0) is still run through ``expand`` but its children score -inf, so :func:`_select`
+    drops it and them, exactly as if it had not been expanded. With it, one host read per depth
+    stops the growth when the newest depth's best score is below the floor (no descendant could pass it).
     """
     device = root_logq.device
     k = shape.top_k
@@ -143,9 +158,12 @@ def grow_dynamic_tree(
     slot_of_node = torch.full((max_nodes,), -1, dtype=torch.long, device=device)
     ancestry = torch.zeros(max_slots, max_slots, dtype=torch.bool, device=device)
     num_slots = 0
+    min_score = shape.min_score
     for _ in range(shape.depth - 1):
         newest_scores = scores[newest]
         newest_scores = newest_scores.masked_fill(~torch.isfinite(newest_scores), float("-inf"))
+        if min_score is not None and float(newest_scores.max()) < min_score:
+            break  # a child never scores above its parent: nothing deeper could be kept
         order = newest_scores.topk(min(k, newest.numel())).indices
         frontier_nodes = newest[order]
         f = frontier_nodes.numel()
@@ -182,6 +200,7 @@ def grow_dynamic_tree(
         _full_probs(torch.cat(draft_logq), vocab_ids, vocab_size) if sample else None,
         shape.total_tokens,
         pin_expanded=sample,
+        min_score=shape.min_score,
     )
 
 
@@ -194,18 +213,22 @@ def _full_probs(logq: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: 
     return scatter_to_vocab(logq.exp(), vocab_ids, vocab_size, fill=0.0)
 
 
-def _select(tokens, parents, depths, scores, expanded, candidates, draft_probs, total_tokens, pin_expanded):
-    """Keep the root and the ``total_tokens`` best nodes, renumbered in BFS order."""
+def _select(tokens, parents, depths, scores, expanded, candidates, draft_probs, total_tokens, pin_expanded,
+            min_score: float | None = None):  # fmt: skip
+    """Keep the root and the ``total_tokens`` best nodes (none scoring below ``min_score`` unless pinned),
+    renumbered in BFS order. A child never scores above its parent, so ancestors of kept nodes are kept."""
     n = tokens.shape[0]
     device = tokens.device
     priority = scores.clone()
     priority[0] = float("inf")
     if pin_expanded:  # non-finite "expanded" nodes are frontier padding (see grow_dynamic_tree): never pinned
         priority[expanded] = torch.where(torch.isfinite(scores[expanded]), float("inf"), scores[expanded])
+    if min_score is not None:
+        priority = priority.masked_fill(priority < min_score, float("-inf"))
     # Stable sort: among equal scores the lower index (a parent before its child) wins.
     order = torch.sort(-priority, stable=True).indices
     keep = order[: 1 + total_tokens]
-    keep = keep[torch.isfinite(scores[keep]) | (priority[keep] == float("inf"))]
+    keep = keep[priority[keep] > float("-inf")]  # drops non-finite scores and, with min_score, low ones
     keep = keep.sort().values  # BFS order survives: parents keep smaller indices
     new_index = torch.full((n,), -1, dtype=torch.long, device=device)
     new_index[keep] = torch.arange(keep.numel(), device=device)
