@@ -549,8 +549,8 @@ def _profile_path(key: str) -> Path:
 def measure_costs(model, drafter, candidates: list[dict], key: str = "") -> CostProfile:
     """Time this machine for :func:`select_shape`: the target's verification forward of
     :data:`VERIFY_SIZES` tree tokens, and for each distinct drafter tree among the candidates a
-    short greedy generation (n-gram branches off: a random prompt has nothing to match; grafting
-    costs no drafter forward) whose time per cycle outside the target's forwards (drafting + loop)
+    short greedy generation (n-gram branches and ``tree_min_prob`` off: a random prompt has nothing
+    to match and grafting costs no drafter forward; the floor is timed at full depth) whose time per cycle outside the target's forwards (drafting + loop)
     is read from its stats, after one warm-up generation."""
     verify_ms = measure_verify_cost(model, VERIFY_SIZES, prefix_length=128, repeats=3)
     vocab = model.config.get_text_config().vocab_size
@@ -565,7 +565,10 @@ def measure_costs(model, drafter, candidates: list[dict], key: str = "") -> Cost
         stats = drafter.last_generation_stats
         return 1000.0 * max(stats.total_seconds - stats.target_forward_seconds, 0.0) / max(stats.cycles, 1)
 
-    trees = [{k: v for k, v in candidate_options(c).items() if k != "ngram_branches"} for c in candidates]
+    # A floored tree (tree_min_prob) is timed at full depth, the upper bound of its drafting: on a random prompt
+    # the drafter is unsure and the floor would stop it at depth 1, far below its cost on real text.
+    trees = [{k: v for k, v in candidate_options(c).items() if k not in ("ngram_branches", "tree_min_prob")}
+             for c in candidates]  # fmt: skip
     outside_ms_per_cycle(trees[0])  # warm-up
     measured: dict[str, float] = {}
     for tree in trees:

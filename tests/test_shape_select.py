@@ -133,3 +133,22 @@ def test_measure_candidates_counts_tau_and_nodes_of_real_calls():
     assert 1.0 <= chain["tau"] <= 2.0 and tree["tau"] >= chain["tau"] and tree["verified_nodes"] <= 7.0
     with pytest.raises(ValueError, match="Unknown shape candidate keys"):
         measure_candidates(target, drafter, prompts, [dict(depth=2)], 4)
+
+
+def test_floored_candidates_are_timed_at_full_depth(monkeypatch):
+    """A tree_min_prob candidate's drafting is timed without the floor (its upper bound): on the random timing
+    prompt the floor would stop at depth 1 and under-price the candidate."""
+    target, drafter = oracle_pair("llama")
+    floored = dict(SMALL, tree_depth=4, tree_total_tokens=8, tree_min_prob=0.2)
+    calls = []
+    generate = type(target).generate
+
+    def spy(self, *args, **kwargs):
+        calls.append({k: kwargs.get(k) for k in ("tree_depth", "tree_min_prob") if k in kwargs})
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(target), "generate", spy)
+    monkeypatch.setattr(tune, "measure_verify_cost", lambda model, sizes, **k: {n: 1.0 for n in sizes})
+    profile = tune.measure_costs(target, drafter, [floored], key="k")
+    assert len(profile.cycle_ms) == 1
+    assert calls and all(c.get("tree_depth") == 4 and "tree_min_prob" not in c for c in calls)
