@@ -70,6 +70,28 @@ def test_greedy_matches_plain_on_repetitive_prompts(family, shape):
                 assert max(stats.accepted_lengths) >= 4, stats.accepted_lengths  # long branches accepted
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_copy_cycles_draft_long_chains_and_match_plain(family, monkeypatch):
+    """copy_nodes: a cycle whose context repeats its whole max_match suffix drafts up to copy_nodes nodes
+    (deeper than max_depth), others the normal budget; the output is still plain greedy."""
+    target = make_target(family)
+    trees = capture_trees(monkeypatch)
+    drafter = hf_spec.NGramDrafter(num_draft_tokens=4, max_depth=4, copy_nodes=16)
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=32, do_sample=False)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=32, do_sample=False)
+    assert torch.equal(out, expected)
+    sizes = [len(t) - 1 for t in trees]
+    assert max(sizes) > 4 and max(sizes) <= 16  # copy cycles drafted beyond the normal budget, within theirs
+    assert max(int(t.depths.max()) for t in trees) > 4
+    assert max(drafter.last_generation_stats.accepted_lengths) > 4  # and the long chains were accepted
+    # a copy cycle needs the whole suffix repeated: on distinct tokens no tree grows
+    _, tree = session_for([3, 4, 5, 6, 7], copy_nodes=16)
+    assert len(tree) == 1
+    with pytest.raises(ValueError, match="copy_depth"):
+        hf_spec.NGramDrafter(copy_nodes=8, copy_depth=0)
+
+
 def test_no_match_gives_a_root_only_tree_and_plain_output():
     _, tree = session_for([3, 4, 5, 6, 7])  # all distinct: the root 7 never occurred before
     assert len(tree) == 1 and tree.expanded.numel() == 0 and int(tree.tokens[0]) == 7

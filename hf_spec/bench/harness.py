@@ -128,7 +128,8 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.bfloat16):
 
 
 NGRAM_OPTIONS = {"depth": "max_depth", "tokens": "num_draft_tokens", "branches": "max_branches",
-                 "max_match": "max_match", "min_match": "min_match", "occurrences": "max_occurrences"}  # fmt: skip
+                 "max_match": "max_match", "min_match": "min_match", "occurrences": "max_occurrences",
+                 "copy": "copy_nodes", "copy_depth": "copy_depth"}  # fmt: skip
 """``hf_spec:ngram:key=value`` option keys -> :class:`hf_spec.NGramDrafterConfig` arguments."""
 
 

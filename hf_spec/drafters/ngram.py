@@ -44,7 +44,7 @@ from .. import timing
 from ..tree.dynamic import TreeShape
 from ..tree.tree import DraftTree
 from .base import SpecDrafterConfig, SpecDrafterModel
-from .session import DraftingSession
+from .session import DraftingSession, check_ngram_branches
 
 
 class NGramIndex:
@@ -312,6 +312,14 @@ def graft_trie(tree: DraftTree, trie: TrieNodes, max_new: int | None = None) -> 
     )
 
 
+def copy_budget(first: Continuation | None, max_match: int, copy_nodes: int, datastore_copy_nodes: int = 0) -> int:
+    """Nodes to draft if the best continuation ``first`` makes this a copy cycle, else 0: its match covers the
+    whole ``max_match``-token suffix, in the context (``copy_nodes``) or in a datastore (``datastore_copy_nodes``)."""
+    if first is None or first.match_length < max_match:
+        return 0
+    return copy_nodes if first.position >= 0 else datastore_copy_nodes
+
+
 class NGramBranches:
     """Context n-gram branches for a trained drafter's trees (the ``ngram_branches`` option).
 
@@ -346,9 +354,7 @@ class NGramBranches:
         return self._copy_budget(first, copy_nodes, datastore_copy_nodes)
 
     def _copy_budget(self, first: Continuation | None, copy_nodes: int, datastore_copy_nodes: int) -> int:
-        if first is None or first.match_length < self.index.max_match:
-            return 0
-        return copy_nodes if first.position >= 0 else datastore_copy_nodes
+        return copy_budget(first, self.index.max_match, copy_nodes, datastore_copy_nodes)
 
     def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
         """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
@@ -391,6 +397,10 @@ class NGramDrafterConfig(SpecDrafterConfig):
             chain, like prompt lookup).
         max_occurrences: most recent occurrences scanned per match length (default 16); bounds
             a cycle's cost on very repetitive text.
+        copy_nodes: draft nodes on a *copy* cycle, one whose context repeats its whole ``max_match``-token
+            suffix earlier (the answer is copying earlier text, as in code edits); 0 (default): no copy cycles.
+            The hybrid drafters' ``ngram_copy_nodes`` for the n-gram drafter alone.
+        copy_depth: deepest node on a copy cycle (None: ``max(copy_nodes, max_depth)``).
     """
 
     model_type = "hf_spec_ngram"
@@ -398,7 +408,7 @@ class NGramDrafterConfig(SpecDrafterConfig):
 
     def __init__(self, max_match: int = 4, min_match: int = 1, num_draft_tokens: int | None = None,
                  max_depth: int | None = None, max_branches: int | None = None, max_occurrences: int = 16,
-                 **kwargs):  # fmt: skip
+                 copy_nodes: int = 0, copy_depth: int | None = None, **kwargs):  # fmt: skip
         kwargs["tree_total_tokens"] = num_draft_tokens if num_draft_tokens is not None else kwargs.get("tree_total_tokens", 8)
         kwargs["tree_depth"] = max_depth if max_depth is not None else kwargs.get("tree_depth", 8)
         kwargs["tree_top_k"] = max_branches if max_branches is not None else kwargs.get("tree_top_k", 4)
@@ -409,6 +419,10 @@ class NGramDrafterConfig(SpecDrafterConfig):
         self.max_match = max_match
         self.min_match = min_match
         self.max_occurrences = max_occurrences
+        self.copy_nodes = check_ngram_branches(copy_nodes, "copy_nodes")
+        if copy_depth is not None and (not isinstance(copy_depth, int) or copy_depth < 1):
+            raise ValueError(f"copy_depth must be a positive integer or None (max(copy_nodes, max_depth)), got {copy_depth!r}.")
+        self.copy_depth = copy_depth
         super().__init__(**kwargs)
 
     @property
@@ -479,6 +493,8 @@ class NGramDraftingSession(DraftingSession):
         self.shape = shape
         self.datastore = datastore
         self.max_occurrences = config.max_occurrences
+        self.copy_nodes = getattr(config, "copy_nodes", 0)
+        self.copy_depth = max(shape.depth, getattr(config, "copy_depth", None) or self.copy_nodes)
         self.index = NGramIndex(config.min_match, config.max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
         self.forward_seconds = 0.0
@@ -488,8 +504,14 @@ class NGramDraftingSession(DraftingSession):
         start = timing.clock(next_tokens.device)
         self.index.extend(next_tokens.tolist())
         shape = self.shape
-        continuations = continuations_with_datastore(self.index, self.datastore, shape.depth, self.max_occurrences)
-        trie = build_trie(continuations, shape.total_tokens, shape.depth, shape.top_k)
+        depth = self.copy_depth if self.copy_nodes else shape.depth
+        continuations = continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences)
+        first = next(continuations, None)
+        copy = copy_budget(first, self.index.max_match, self.copy_nodes)  # 0 unless the context repeats its suffix
+        nodes = max(shape.total_tokens, copy)
+        depth = depth if copy else shape.depth
+        chain = itertools.chain([first], continuations) if first is not None else ()
+        trie = build_trie(chain, nodes, depth, shape.top_k)
         tree = trie_to_draft_tree(int(next_tokens[-1]), trie, device=next_tokens.device)
         self.forward_seconds += timing.clock(next_tokens.device) - start
         return tree
