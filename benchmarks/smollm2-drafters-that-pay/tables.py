@@ -15,7 +15,8 @@ SETS = {"first3": "first 3", "heldout6": "6..8", "heldout9": "9..11", "code_edit
 def label(method: str) -> str:
     """`hf_spec:<folder>` -> the folder's name, which says the family (and runs/ for unshipped ones)."""
     if method.startswith("hf_spec:ngram"):
-        return "NGramDrafter" + (" + datastore" if "datastore=" in method else "")
+        options = [o for o in method.split(":")[2:] if not o.startswith("datastore=")]
+        return "NGramDrafter" + (" + datastore" if "datastore=" in method else "") + "".join(f" {o}" for o in options)
     if method.startswith("hf_spec:"):
         path = method.split(":", 1)[1]
         return ("new " if path.startswith("runs/") else "") + path.rsplit("-", 1)[-1]
