@@ -409,6 +409,9 @@ with open({out!r} + f"/rank{{trainer.args.process_index}}_{resume}.sha256", "w")
     f.write(digest.hexdigest())
 if trainer.is_world_process_zero():
     trainer.model.save_pretrained({out!r} + "/final")
+trainer.accelerator.wait_for_everyone()  # ranks leave together and close the process group (accelerate's advice);
+# once, a rank exiting with gloo threads alive aborted (`terminate called without an active exception`)
+trainer.accelerator.end_training()
 """
 
 
