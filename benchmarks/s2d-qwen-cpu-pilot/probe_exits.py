@@ -21,7 +21,7 @@ torch.manual_seed(0)
 TRAIN_ROWS, EPOCHS, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 LAYERS, VOCAB = (4, 8, 12, 16), 16384
 model, tok = load_packaged_model("qwen2.5-coder-0.5b-instruct", dtype=torch.bfloat16)
-model.eval()
+model.eval().requires_grad_(False)
 conversations = load_sharegpt(limit=2020)
 train_rows = tokenize_conversations(tok, conversations[:TRAIN_ROWS], 512)
 test_rows = tokenize_conversations(tok, conversations[2000:2020], 512)
@@ -46,7 +46,7 @@ counts = torch.bincount(train_labels, minlength=model.config.vocab_size)
 draft_ids = counts.topk(VOCAB).indices
 t2d = torch.full((model.config.vocab_size,), -100, dtype=torch.long)
 t2d[draft_ids] = torch.arange(VOCAB)
-head = model.lm_head.weight[draft_ids].float()  # (D, H), frozen
+head = model.lm_head.weight[draft_ids].detach().float()  # (D, H), frozen
 final_norm = model.model.norm
 results = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "train_positions": int(len(train_labels)), "test_positions": None,
