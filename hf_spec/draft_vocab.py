@@ -142,6 +142,16 @@ def scatter_to_vocab(draft_values: torch.Tensor, draft_ids: torch.Tensor, vocab_
     return out
 
 
+def full_vocab_probs(logq: torch.Tensor, draft_ids: torch.Tensor | None, vocab_size: int | None) -> torch.Tensor:
+    """Probabilities (..., V) of draft log-probability rows: over the full vocabulary already (``draft_ids``
+    None), or over the draft ids (..., D), scattered to ``vocab_size`` columns with 0 elsewhere."""
+    if draft_ids is None:
+        return logq.exp()
+    if vocab_size is None:
+        raise ValueError("Draft log-probabilities over draft ids need vocab_size (the target's vocabulary size).")
+    return scatter_to_vocab(logq.exp(), draft_ids, vocab_size, fill=0.0)
+
+
 def restrict_target_logits(full_logits: torch.Tensor, draft_ids: torch.Tensor, t2d: torch.Tensor):
     """Target training signal restricted to the draft vocabulary: (logits at the draft ids (..., D),
     mask (...,) of positions whose full-vocabulary argmax is a draft id)."""

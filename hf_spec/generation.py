@@ -27,9 +27,6 @@ from .stats import GenerationStats
 
 __all__ = ["GenerationStats", "check_supported", "install", "is_installed", "speculative_decode", "uninstall"]
 
-TREE_KWARGS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_min_prob")
-
-
 def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
     """Raise ValueError for anything the tree path cannot do losslessly, before generating."""
     if input_ids.shape[1] == 0:

@@ -550,8 +550,9 @@ def measure_costs(model, drafter, candidates: list[dict], key: str = "") -> Cost
     """Time this machine for :func:`select_shape`: the target's verification forward of
     :data:`VERIFY_SIZES` tree tokens, and for each distinct drafter tree among the candidates a
     short greedy generation (n-gram branches and ``tree_min_prob`` off: a random prompt has nothing
-    to match and grafting costs no drafter forward; the floor is timed at full depth) whose time per cycle outside the target's forwards (drafting + loop)
-    is read from its stats, after one warm-up generation."""
+    to match and grafting costs no drafter forward; the floor is timed at full depth) whose time per
+    cycle outside the target's forwards (drafting + loop) is read from its stats, after one warm-up
+    generation."""
     verify_ms = measure_verify_cost(model, VERIFY_SIZES, prefix_length=128, repeats=3)
     vocab = model.config.get_text_config().vocab_size
     prompt = torch.randint(0, vocab, (1, 64), generator=torch.Generator().manual_seed(0)).to(model.device)

@@ -493,8 +493,8 @@ class NGramDraftingSession(DraftingSession):
         self.shape = shape
         self.datastore = datastore
         self.max_occurrences = config.max_occurrences
-        self.copy_nodes = getattr(config, "copy_nodes", 0)
-        self.copy_depth = max(shape.depth, getattr(config, "copy_depth", None) or self.copy_nodes)
+        self.copy_nodes = config.copy_nodes
+        self.copy_depth = max(shape.depth, config.copy_depth or config.copy_nodes)
         self.index = NGramIndex(config.min_match, config.max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
         self.forward_seconds = 0.0
@@ -504,12 +504,11 @@ class NGramDraftingSession(DraftingSession):
         start = timing.clock(next_tokens.device)
         self.index.extend(next_tokens.tolist())
         shape = self.shape
-        depth = self.copy_depth if self.copy_nodes else shape.depth
-        continuations = continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences)
+        longest = self.copy_depth if self.copy_nodes else shape.depth  # continuations long enough for a copy
+        continuations = continuations_with_datastore(self.index, self.datastore, longest, self.max_occurrences)
         first = next(continuations, None)
         copy = copy_budget(first, self.index.max_match, self.copy_nodes)  # 0 unless the context repeats its suffix
-        nodes = max(shape.total_tokens, copy)
-        depth = depth if copy else shape.depth
+        nodes, depth = (max(shape.total_tokens, copy), longest) if copy else (shape.total_tokens, shape.depth)
         chain = itertools.chain([first], continuations) if first is not None else ()
         trie = build_trie(chain, nodes, depth, shape.top_k)
         tree = trie_to_draft_tree(int(next_tokens[-1]), trie, device=next_tokens.device)

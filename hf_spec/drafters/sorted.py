@@ -815,10 +815,8 @@ class SortedDraftingSession(DraftingSession):
         draft_tokens = torch.cat(drafts) if drafts else root.new_empty(0)
         tree = DraftTree.chain(root, draft_tokens)
         if self.do_sample and drafts:  # the draft distributions over the full vocabulary, 0 outside the draft one
-            probs = torch.stack(rows).exp()
-            if self.draft_ids is not None:
-                probs = draft_vocab.scatter_to_vocab(probs, self.draft_ids, self.drafter.config.target_vocab_size, 0.0)
-            tree.draft_probs = probs
+            tree.draft_probs = draft_vocab.full_vocab_probs(torch.stack(rows), self.draft_ids,
+                                                            self.drafter.config.target_vocab_size)  # fmt: skip
         elif self.do_sample:
             tree.draft_probs = torch.zeros(0, self.drafter.config.target_vocab_size, device=root.device)
         return tree

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from ..draft_vocab import scatter_to_vocab
+from ..draft_vocab import full_vocab_probs
 from .tree import DraftTree
 
 
@@ -197,20 +197,11 @@ def grow_dynamic_tree(
         scores[:count],
         torch.cat(expanded_nodes),
         torch.cat(candidate_lists),
-        _full_probs(torch.cat(draft_logq), vocab_ids, vocab_size) if sample else None,
+        full_vocab_probs(torch.cat(draft_logq), vocab_ids, vocab_size) if sample else None,
         shape.total_tokens,
         pin_expanded=sample,
         min_score=shape.min_score,
     )
-
-
-def _full_probs(logq: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int | None) -> torch.Tensor:
-    """Probabilities (R, V) of log-probability rows over the full vocabulary or over ``vocab_ids``."""
-    if vocab_ids is None:
-        return logq.exp()
-    if vocab_size is None:
-        raise ValueError("grow_dynamic_tree with vocab_ids needs vocab_size (the target's vocabulary size).")
-    return scatter_to_vocab(logq.exp(), vocab_ids, vocab_size, fill=0.0)
 
 
 def _select(tokens, parents, depths, scores, expanded, candidates, draft_probs, total_tokens, pin_expanded,
