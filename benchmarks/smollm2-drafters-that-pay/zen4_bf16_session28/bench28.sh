@@ -7,11 +7,8 @@ OUT=benchmarks/smollm2-drafters-that-pay/zen4_bf16_session28
 methods="plain prompt_lookup hf_spec:ngram hf_spec:ngram:datastore=$D-hass hf_spec:$D-eagle hf_spec:$D-hass
   hf_spec:$D-coral hf_spec:$D-parallelspec"
 common="--target smollm2-135m-instruct --max-new-tokens 128 --dtype bfloat16 --threads 2"
-echo "first3 $(date -u +%T)"; hf-spec bench $common --methods $methods --limit 3 --output-dir $OUT/first3
-for skip in 6 9; do
-  echo "heldout$skip $(date -u +%T)"; hf-spec bench $common --methods $methods --skip $skip --limit 3 --output-dir $OUT/heldout$skip
-done
-echo "code_edit $(date -u +%T)"; hf-spec bench $common --methods $methods --datasets code_edit --limit 4 --output-dir $OUT/code_edit
+# the four ranges (as run, the same hf-spec bench calls inline; since session 30 in benchmarks/bench_ranges.sh)
+benchmarks/bench_ranges.sh $OUT $methods
 echo "papers $(date -u +%T)"
 hf-spec bench $common --methods plain prompt_lookup hf_spec:$D-eagle:ngram=0 hf_spec:$D-hass:ngram=0 hf_spec:$D-coral:ngram=0 \
   hf_spec:$D-coral:no_router:ngram=0 hf_spec:$D-parallelspec:ngram=0 --skip 6 --limit 3 --output-dir $OUT/papers_heldout6
