@@ -125,7 +125,8 @@ def with_min_prob(drafter: SpecDrafterModel, shape, min_prob: float | None):
         if explicit and min_prob:
             raise ValueError(
                 f"tree_min_prob={min_prob} sizes the dynamic trees of EAGLE-family drafters (EagleDrafter, "
-                f"Eagle3Drafter); {type(drafter).__name__} drafts other trees. Fix: drop tree_min_prob."
+                f"Eagle3Drafter) and the chains of SortedDrafter; {type(drafter).__name__} drafts other trees. "
+                "Fix: drop tree_min_prob."
             )
         return shape
     return dataclasses.replace(shape, min_prob=min_prob)  # validate() checks the value

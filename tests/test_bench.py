@@ -163,6 +163,9 @@ def test_exit_suffix_runs_a_sorted_drafter_as_one_fixed_submodel(tiny_models, tm
         parse_method(f"hf_spec:{tmp_path / 'sorted'}:exit=3", torch.float32)
     with pytest.raises(ValueError, match="sorted"):
         parse_method(f"hf_spec:{tiny_models / 'drafter'}:exit=1", torch.float32)
+    both = parse_method(f"hf_spec:{tmp_path / 'sorted'}:exit=2:depth=3:min_prob=0.4", torch.float32, tree={"tree_depth": 6})
+    assert both.info["fixed_exit"] == 2
+    assert both.generate_kwargs["tree_depth"] == 3 and both.generate_kwargs["tree_min_prob"] == 0.4  # per method wins
 
 
 def test_unknown_method_is_a_clear_error():

@@ -24,6 +24,20 @@ and a resumed training run with every shard written does not load the teacher at
 over other conversations (dataset, ``--limit``, ``--max_length``, tokenizer) or by another teacher
 or ``--teacher_dtype`` is refused; give another directory.
 
+Frozen-backbone recipe (``--exit_adapters``; benchmarks/s2d-qwen-cpu-pilot/, "Exit adapters"): keep all 24
+layers of the 0.5B with exits after 8 / 16 / 24 and train only a linear map + norm per early exit, distilled
+from the last exit, which is the 0.5B itself (so the drafter is never less accurate than the 0.5B as an
+assistant, and confident early exits only save cost):
+
+    python training_scripts/train_s2d.py --source_model qwen2.5-coder-0.5b-instruct --num_layers 24 \
+        --exits 8 16 24 --exit_adapters --dataset sharegpt --limit 1000 --max_length 512 \
+        --distill_from qwen2.5-coder-0.5b-instruct --draft_vocab_size 16384 --num_train_epochs 1 \
+        --per_device_train_batch_size 4 --gradient_accumulation_steps 1 --learning_rate 1e-3 --use_cpu \
+        --targets qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct --output_dir runs/s2d-exits
+
+(The teacher labels only choose the draft vocabulary and mark the positions; the loss is the last exit's
+distribution.)
+
 Then pick per-target thresholds on held-out prompts with
 ``hf_spec.drafters.sorted.search_thresholds`` and save again. Resumes from the last
 checkpoint in ``--output_dir``.
@@ -93,6 +107,10 @@ def main(argv=None):
                         help="train rank-r LoRA adapters (peft) on the borrowed layers instead of the layers; the "
                              "checkpoint holds adapters + norm + draft-vocabulary map only")
     parser.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default 2 x rank)")  # fmt: skip
+    parser.add_argument("--exit_adapters", action="store_true",
+                        help="frozen backbone: train only a per-exit adapter (linear map + norm) for every exit but "
+                             "the last, distilled from the last exit (with --num_layers = the source's depth, the "
+                             "source itself); the checkpoint holds adapters + norm + draft-vocabulary map only")
     argv = list(sys.argv[1:] if argv is None else argv)
     command = " ".join(argv)
     if not any(a.split("=")[0] in ("--bf16", "--fp16") for a in argv):
@@ -122,8 +140,15 @@ def main(argv=None):
     if extra.freeze_embeddings:
         drafter.get_input_embeddings().weight.requires_grad_(False)
         drafter.get_output_embeddings().weight.requires_grad_(False)
+    if extra.lora_rank and extra.exit_adapters:
+        parser.error("--lora_rank and --exit_adapters are two recipes; pick one.")
     if extra.lora_rank:
         drafter.add_lora(extra.lora_rank, alpha=extra.lora_alpha)
+    if extra.exit_adapters:
+        drafter.add_exit_adapters()
+        if training_args.bf16:  # the frozen backbone runs in bf16 (no per-step weight casts); adapters stay fp32
+            for frozen in (drafter.embed_tokens, drafter.layers, drafter.norm, drafter.lm_head):
+                frozen.to(torch.bfloat16)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     trainer = SortedTrainer(model=drafter.train(), args=training_args, train_dataset=rows, data_collator=pad_collator(pad))
     last = get_last_checkpoint(training_args.output_dir) if training_args.output_dir else None
@@ -131,7 +156,7 @@ def main(argv=None):
     info = {"datasets": [extra.dataset], "command": "training_scripts/train_s2d.py " + command,
             "distilled_from": extra.distill_from, "frozen_embeddings": extra.freeze_embeddings,
             "draft_vocab_size": drafter.config.draft_vocab_size, "draft_vocab_coverage": coverage,
-            "lora_rank": extra.lora_rank, "bf16": training_args.bf16}  # fmt: skip
+            "lora_rank": extra.lora_rank, "exit_adapters": extra.exit_adapters, "bf16": training_args.bf16}  # fmt: skip
     drafter.eval().save_pretrained(training_args.output_dir, training_info=info)
     tokenizer.save_pretrained(training_args.output_dir)
 

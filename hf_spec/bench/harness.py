@@ -15,7 +15,9 @@ Methods (strings, as on the command line):
   drafter's trees (``ngram_branches=N``; the stats then count ``accepted_from_ngram``);
   ``:no_datastore`` drops the drafter's n-gram datastore (corpus continuations) for the run;
   ``:fixed_shape`` uses the configured tree instead of the run-time choice among the config's
-  ``tree_shape_candidates`` (:mod:`hf_spec.shape_select`; the stats record each call's choice).
+  ``tree_shape_candidates`` (:mod:`hf_spec.shape_select`; the stats record each call's choice);
+  ``:depth=N`` / ``:min_prob=F`` set ``tree_depth`` / ``tree_min_prob`` for that method only
+  (e.g. an S2D chain's length and confidence stop).
 - ``hf_spec:ngram`` or ``hf_spec:ngram:key=value:...``: the weightless context n-gram
   tree drafter (:class:`hf_spec.NGramDrafter`); keys: ``depth`` (max_depth), ``tokens``
   (num_draft_tokens), ``branches`` (max_branches), ``max_match``, ``min_match``,
@@ -181,7 +183,8 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
     from transformers import AutoModel
 
     options_text = []
-    while ":" in path and re.fullmatch(r"no_router|no_datastore|fixed_shape|exit=\d+|ngram=\d+", path.rsplit(":", 1)[1]):
+    while ":" in path and re.fullmatch(r"no_router|no_datastore|fixed_shape|exit=\d+|ngram=\d+|depth=\d+|min_prob=[0-9.]+",
+                                       path.rsplit(":", 1)[1]):
         path, option = path.rsplit(":", 1)
         options_text.append(option)
     no_router = "no_router" in options_text
@@ -203,6 +206,12 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
     stats = drafter_stats(drafter)
 
     tree = {k: v for k, v in (tree or {}).items() if v is not None}
+    for option in options_text:  # per-method tree options override the command line's
+        key, _, value = option.partition("=")
+        if key == "depth":
+            tree["tree_depth"] = int(value)
+        elif key == "min_prob":
+            tree["tree_min_prob"] = float(value)
     options = {"use_router": False} if no_router else {}
     ngram_branches = next((int(o.split("=")[1]) for o in options_text if o.startswith("ngram=")), None)
     if ngram_branches is not None:

