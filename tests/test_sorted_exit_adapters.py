@@ -176,3 +176,13 @@ def test_clear_errors():
     ids = random_prompt(7)
     with torch.no_grad():
         torch.testing.assert_close(lm(ids).logits, drafter(ids).logits_per_exit[-1])
+
+
+def test_model_card_describes_the_frozen_backbone_recipe():
+    from hf_spec.hub.cards import render_model_card
+
+    source, drafter = adapter_drafter()
+    card = render_model_card(drafter.config)
+    assert "frozen-backbone recipe: all 6 layers of `tiny-qwen2-source`" in card and "exits after layers 2, 4, 6" in card
+    plain = SortedDrafter.from_source_model(source, num_layers=4)
+    assert "frozen-backbone" not in render_model_card(plain.config)

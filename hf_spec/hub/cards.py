@@ -186,6 +186,9 @@ def card_context(config, *, bench_results=None, training_info: dict | None = Non
         "target_model_type": config.target_model_type,
         "target_architectures": list(config.target_architectures or []),
         "num_layers": getattr(config, "num_layers", None),
+        "sorted_exits": list(getattr(config, "exits", None) or []),  # S2D only
+        "exit_adapters": bool(getattr(config, "exit_adapters", False)),
+        "source_model": getattr(config, "source_model_name_or_path", None),
         "tree_depth": config.tree_depth,
         "tree_top_k": config.tree_top_k,
         "tree_total_tokens": config.tree_total_tokens,
