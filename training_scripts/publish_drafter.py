@@ -53,6 +53,8 @@ def main(argv=None):
                         "the card")
     parser.add_argument("--bench-method", default=None, help="the drafter's method name in that run (default: "
                         "hf_spec:<destination>)")
+    parser.add_argument("--datasets", default="ShareGPT first turns, self-distilled by the target (hf_spec.training.distill)",
+                        help="the card's training-data line")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tree-widths", type=int, nargs="+", default=None, help="static tree widths per depth "
                         "(ParallelSpec), recorded as the chosen shape")
@@ -110,7 +112,7 @@ def main(argv=None):
             info.update({k: summary[k] for k in ("method", "global_step", "train_runtime_s", "final_train_loss",
                                                  "examples", "draft_vocab_size", "draft_vocab_coverage")
                          if k in summary})  # fmt: skip
-    info["datasets"] = ["ShareGPT first turns, self-distilled by the target (hf_spec.training.distill)"]
+    info["datasets"] = [args.datasets]
     if args.command:
         info["command"] = args.command
     bench = card_results(args.bench, args.bench_method or f"hf_spec:{args.destination.rstrip('/')}") if args.bench else None
