@@ -122,6 +122,17 @@ def sorted_loss_before_after_training(drafter, rows, output_dir, max_steps: int,
     return before, after
 
 
+def save_and_read_keys(drafter, ids, path):
+    """Each exit's logits on ``ids`` before saving, then ``drafter.save_pretrained(path)``; returns (logits, saved keys)."""
+    from safetensors import safe_open
+
+    with torch.no_grad():
+        reference = [t.clone() for t in drafter(ids).logits_per_exit]
+    drafter.save_pretrained(path)
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        return reference, set(f.keys())
+
+
 def plain_generate(target, input_ids, **kwargs):
     """transformers' own generate(), bypassing hf-spec's routing entirely."""
     hf_spec.uninstall()

@@ -8,10 +8,9 @@ import warnings
 
 import pytest
 import torch
-from safetensors import safe_open
 
 import hf_spec
-from conftest import make_target, plain_generate, random_prompt
+from conftest import make_target, plain_generate, random_prompt, save_and_read_keys
 from hf_spec.drafters.sorted import SortedDrafter, SortedDrafterConfig
 from hf_spec.training.losses import exit_distillation_loss
 from test_sampling import VOCAB, chi_square_pvalue, exact_joint, warpers
@@ -133,11 +132,7 @@ def test_checkpoint_holds_only_adapters_and_reloads_bound_to_the_source(tmp_path
     source, drafter = adapter_drafter()
     train_adapters(drafter, steps=5)
     ids = random_prompt(9, seed=4)
-    with torch.no_grad():
-        reference = [t.clone() for t in drafter(ids).logits_per_exit]
-    drafter.save_pretrained(tmp_path)
-    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
-        keys = set(f.keys())
+    reference, keys = save_and_read_keys(drafter, ids, tmp_path)
     assert keys == {"exit_maps.0.weight", "exit_maps.1.weight", "exit_norms.0.weight", "exit_norms.1.weight",
                     "norm.weight"}  # fmt: skip
     with warnings.catch_warnings():

@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 import hf_spec
-from conftest import make_target, plain_generate, random_prompt, sorted_loss_before_after_training
+from conftest import make_target, plain_generate, random_prompt, save_and_read_keys, sorted_loss_before_after_training
 from hf_spec.drafters.sorted import SortedDrafter
 
 pytest.importorskip("peft")
@@ -65,11 +65,7 @@ def test_lora_checkpoint_is_small_and_reloads_bound_to_the_source(tmp_path):
                                            max_new_tokens=12, do_sample=False)[:, 6:].reshape(-1), minlength=128)  # fmt: skip
     drafter.set_draft_vocab(counts, 48)
     ids = random_prompt(9, seed=4)
-    with torch.no_grad():
-        reference = [t.clone() for t in drafter(ids).logits_per_exit]
-    drafter.save_pretrained(tmp_path)
-    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
-        keys = set(f.keys())
+    reference, keys = save_and_read_keys(drafter, ids, tmp_path)
     assert keys and all(".lora_" in k or k.startswith("norm.") or k in ("d2t", "t2d") for k in keys), keys
     assert {"d2t", "t2d", "norm.weight"} <= keys
     assert not any("embed_tokens" in k or "lm_head" in k or "base_layer" in k for k in keys)
