@@ -390,12 +390,7 @@ class SortedDrafter(SpecDrafterModel):
         dtype = self.embed_tokens.weight.dtype
         inject_adapter_in_model(config, self.layers)
         self.layers.to(dtype)
-        self.requires_grad_(False)
-        for name, param in self.named_parameters():
-            if self._saved_when_borrowing(name):
-                param.requires_grad_(True)
-        # borrowed weights: left out of every save (Trainer checkpoints too), so a resume expects them missing
-        self._keys_to_ignore_on_save = {k for k in self.state_dict() if not self._saved_when_borrowing(k)}
+        self._train_only(self._saved_when_borrowing)  # adapters and the exit norm
 
     # -- exit adapters on a frozen backbone (the whole source as the last exit) ----------------------
     def add_exit_adapters(self) -> "SortedDrafter":
@@ -431,11 +426,17 @@ class SortedDrafter(SpecDrafterModel):
             for linear, norm in zip(self.exit_maps, self.exit_norms):
                 nn.init.eye_(linear.weight)
                 norm.weight.copy_(self.norm.weight)
-        self.requires_grad_(False)
-        self.exit_maps.requires_grad_(True)
-        self.exit_norms.requires_grad_(True)
         self.exit_maps.to(self.norm.weight.dtype)
         self.exit_norms.to(self.norm.weight.dtype)
+        self._train_only(lambda name: name.startswith(("exit_maps.", "exit_norms.")))  # the final norm stays the source's
+
+    def _train_only(self, trainable) -> None:
+        """Freeze every parameter but those whose name ``trainable`` accepts, and leave the borrowed weights out of
+        every save (Trainer checkpoints too, so a resume expects them missing)."""
+        self.requires_grad_(False)
+        for name, param in self.named_parameters():
+            if trainable(name):
+                param.requires_grad_(True)
         self._keys_to_ignore_on_save = {k for k in self.state_dict() if not self._saved_when_borrowing(k)}
 
     @staticmethod
