@@ -22,6 +22,7 @@ from . import compat
 from .decoding import check_batch_supported, decode, is_batched
 from .drafters.base import SpecDrafterModel
 from .hardware import warn_if_emulated_bf16
+from .shape_select import CANDIDATE_OPTIONS
 from .tune import select_shape
 from .stats import GenerationStats
 
@@ -93,21 +94,21 @@ def speculative_decode(
         drafter.bind(model)
     do_sample = bool(generation_config.do_sample)
     choice = None
-    if all(v is None for v in (tree_depth, tree_top_k, tree_total_tokens, tree_min_prob, ngram_branches)):
+    options = dict(tree_depth=tree_depth, tree_top_k=tree_top_k, tree_total_tokens=tree_total_tokens,
+                   tree_min_prob=tree_min_prob, ngram_branches=ngram_branches)  # fmt: skip
+    if all(v is None for v in options.values()):
         choice = select_shape(model, drafter)  # the drafter's shape candidates, timed on this machine
         if choice is not None:
-            options = choice.options
-            tree_depth, tree_top_k = options.get("tree_depth"), options.get("tree_top_k")
-            tree_total_tokens, ngram_branches = options.get("tree_total_tokens"), options.get("ngram_branches")
-            tree_min_prob = options.get("tree_min_prob")
-    shape = with_min_prob(drafter, drafter.tree_shape(tree_depth, tree_top_k, tree_total_tokens), tree_min_prob)
+            options = {name: choice.options.get(name) for name in CANDIDATE_OPTIONS}
+    shape = drafter.tree_shape(options["tree_depth"], options["tree_top_k"], options["tree_total_tokens"])
+    shape = with_min_prob(drafter, shape, options["tree_min_prob"])
     shape.validate(do_sample)
     temperature = float(generation_config.temperature or 1.0) if do_sample else 1.0
     _check_streamer(streamer, input_ids)
     output = decode(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter=drafter,
                     shape=shape, do_sample=do_sample, temperature=temperature,
                     attention_mask=model_kwargs.get("attention_mask"), streamer=streamer, use_router=use_router,
-                    ngram_branches=ngram_branches, target_only=choice is not None and choice.plain_is_faster)  # fmt: skip
+                    ngram_branches=options["ngram_branches"], target_only=choice is not None and choice.plain_is_faster)  # fmt: skip
     if choice is not None:
         drafter.last_generation_stats.shape_choice = {**choice.candidate,
                                                       "predicted_ms_per_token": choice.predicted_ms_per_token,
