@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_spec.training.pipeline import DataArguments, train_drafter, train_router
+from hf_spec.training.pipeline import DataArguments, end_training, train_drafter, train_router
 from hf_spec.training.trainers import CoralTrainingArguments, RouterTrainingArguments
 
 
@@ -54,6 +54,7 @@ def main(argv=None):
         router_args = RouterTrainingArguments(**shared)
         drafter = train_router(drafter_dir, data_args, router_args)
         drafter.save_pretrained(final_dir)
+    end_training()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ command. ``--push_to_hub --hub_model_id you/name`` uploads the drafter.
 
 from transformers import HfArgumentParser
 
-from hf_spec.training.pipeline import DataArguments, train_drafter
+from hf_spec.training.pipeline import DataArguments, end_training, train_drafter
 from hf_spec.training.trainers import EagleTrainingArguments
 
 
@@ -25,6 +25,7 @@ def main(argv=None):
     parser = HfArgumentParser((DataArguments, EagleTrainingArguments))
     data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     train_drafter("eagle", data_args, training_args)
+    end_training()
 
 
 if __name__ == "__main__":

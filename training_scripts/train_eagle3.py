@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_spec.training.pipeline import DataArguments, train_drafter
+from hf_spec.training.pipeline import DataArguments, end_training, train_drafter
 from hf_spec.training.trainers import Eagle3TrainingArguments
 
 
@@ -45,6 +45,7 @@ def main(argv=None):
     data_args, training_args, eagle3_args = parser.parse_args_into_dataclasses(args=argv)
     train_drafter("eagle3", data_args, training_args, eagle_aux_hidden_state_layer_ids=eagle3_args.eagle_aux_hidden_state_layer_ids,
                   norm_before_residual=eagle3_args.norm_before_residual)  # fmt: skip
+    end_training()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ A killed run resumes from the last checkpoint in ``--output_dir``.
 
 from transformers import HfArgumentParser
 
-from hf_spec.training.pipeline import DataArguments, train_drafter
+from hf_spec.training.pipeline import DataArguments, end_training, train_drafter
 from hf_spec.training.trainers import HassTrainingArguments
 
 
@@ -24,6 +24,7 @@ def main(argv=None):
     parser = HfArgumentParser((DataArguments, HassTrainingArguments))
     data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     train_drafter("hass", data_args, training_args)
+    end_training()
 
 
 if __name__ == "__main__":

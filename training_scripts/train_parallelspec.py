@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser
 
 from hf_spec.training.parallel import ParallelTrainingArguments
-from hf_spec.training.pipeline import DataArguments, train_drafter
+from hf_spec.training.pipeline import DataArguments, end_training, train_drafter
 
 
 @dataclass
@@ -36,6 +36,7 @@ def main(argv=None):
     widths = [int(w) for w in drafter_args.tree_widths.split(",")]
     train_drafter("parallelspec", data_args, training_args, num_mask_tokens=drafter_args.num_mask_tokens,
                   tree_widths=widths)  # fmt: skip
+    end_training()
 
 
 if __name__ == "__main__":

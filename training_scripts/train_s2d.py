@@ -56,6 +56,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from hf_spec import PACKAGED_MODELS, SortedDrafter, draft_vocab, load_packaged_model, packaged_model_path
 from hf_spec.bench.datasets import load_chitchat, load_sharegpt
 from hf_spec.drafters.sorted import target_entry
+from hf_spec.training.pipeline import end_training
 from hf_spec.training.sorted_trainer import (
     SortedTrainer,
     SortedTrainingConfig,
@@ -159,6 +160,7 @@ def main(argv=None):
             "lora_rank": extra.lora_rank, "exit_adapters": extra.exit_adapters, "bf16": training_args.bf16}  # fmt: skip
     drafter.eval().save_pretrained(training_args.output_dir, training_info=info)
     tokenizer.save_pretrained(training_args.output_dir)
+    end_training()
 
 
 if __name__ == "__main__":

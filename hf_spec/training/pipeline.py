@@ -272,3 +272,12 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
         if training_args.push_to_hub:
             trainer.push_to_hub()
     return drafter
+
+
+def end_training() -> None:
+    """End of a training script: close the process group of a multi-process run (``accelerate launch``), as
+    accelerate advises (``Accelerator.end_training``); without it a rank can abort at exit after the last save.
+    Nothing to do in a single process."""
+    from accelerate import PartialState
+
+    PartialState().destroy_process_group()
