@@ -47,6 +47,7 @@ __all__ = [
     "check_candidates",
     "choose_candidate",
     "measure_costs",
+    "non_decreasing",
     "predict_ms_per_token",
     "ShapeChoice",
     "select_shape",
@@ -56,8 +57,9 @@ CANDIDATE_OPTIONS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_min_
 """The ``generate()`` options a candidate sets."""
 CANDIDATE_RESULTS = ("tau", "verified_nodes")
 """What a candidate achieved on held-aside prompts (machine-independent)."""
-CACHE_FORMAT = 1
-"""Version of a cached :class:`CostProfile`'s JSON."""
+CACHE_FORMAT = 2
+"""Version of a cached :class:`CostProfile`'s JSON (2: verification curves of 7 timed rounds on a 256-token
+prefix, made non-decreasing; profiles of format 1, 3 rounds on 128 tokens, are measured again)."""
 
 
 def check_candidates(candidates) -> list[dict]:
@@ -110,6 +112,16 @@ class CostProfile:
     def from_json(cls, data: dict) -> CostProfile:
         return cls(verify_ms={int(k): float(v) for k, v in data["verify_ms"].items()},
                    cycle_ms=[float(x) for x in data["cycle_ms"]], key=data["key"])  # fmt: skip
+
+
+def non_decreasing(curve: dict[int, float]) -> dict[int, float]:
+    """``curve`` with each cost raised to the highest cost of any smaller size: verifying more tree tokens never
+    costs less, so a dip is timing noise, and left in it would make the larger tree look cheaper than it is."""
+    out, highest = {}, float("-inf")
+    for n, cost in sorted(curve.items()):
+        highest = max(highest, float(cost))
+        out[n] = highest
+    return out
 
 
 def interpolate_cost(curve: dict[int, float], n: float) -> float:

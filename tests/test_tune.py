@@ -132,3 +132,12 @@ def test_cli_help(capsys):
     out = capsys.readouterr().out
     for option in ("--drafter", "--skip-prompts", "--write", "--quick", "--device"):
         assert option in out
+
+
+def test_non_decreasing_lifts_noisy_dips_of_a_cost_curve():
+    """A timing dip (t(8) below t(4)) must not make the larger tree look cheaper; rising points stay as measured."""
+    from hf_spec.shape_select import non_decreasing
+
+    assert non_decreasing({1: 46.8, 2: 49.2, 4: 56.5, 8: 52.2, 16: 54.9, 32: 72.1}) == {
+        1: 46.8, 2: 49.2, 4: 56.5, 8: 56.5, 16: 56.5, 32: 72.1}  # fmt: skip
+    assert non_decreasing({4: 3.0, 1: 1.0, 2: 2.0}) == {1: 1.0, 2: 2.0, 4: 3.0}
