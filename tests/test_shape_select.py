@@ -152,3 +152,29 @@ def test_floored_candidates_are_timed_at_full_depth(monkeypatch):
     profile = tune.measure_costs(target, drafter, [floored], key="k")
     assert len(profile.cycle_ms) == 1
     assert calls and all(c.get("tree_depth") == 4 and "tree_min_prob" not in c for c in calls)
+
+
+def test_a_profile_of_an_older_cache_format_is_measured_again(tmp_path, monkeypatch):
+    """Format 1 profiles (3 timing rounds, dips kept) must not decide shapes any more: they are re-measured."""
+    target, drafter = _drafter_with_candidates(tmp_path, monkeypatch, tree_shape_candidates=[SMALL, WIDE])
+    old = CostProfile({n: 1.0 for n in tune.VERIFY_SIZES}, [1.0, 1.0], "")
+    monkeypatch.setattr(tune, "measure_costs", lambda model, drafter, candidates, key="": CostProfile(
+        old.verify_ms, old.cycle_ms, key))  # fmt: skip
+    tune.cost_profile(target, drafter, [SMALL, WIDE])
+    (path,) = (tmp_path / "cache" / "shape_costs").glob("*.json")
+    stale = json.loads(path.read_text())
+    path.write_text(json.dumps({**stale, "format": 1}))
+    monkeypatch.setattr(tune, "_profiles", {})
+    fresh = {n: 2.0 * n for n in tune.VERIFY_SIZES}
+    monkeypatch.setattr(tune, "measure_costs", lambda model, drafter, candidates, key="": CostProfile(fresh, [3.0, 9.0], key))
+    assert tune.cost_profile(target, drafter, [SMALL, WIDE]).verify_ms == fresh
+    assert json.loads(path.read_text())["format"] == tune.CACHE_FORMAT == 2
+
+
+def test_measured_verification_curves_never_fall(monkeypatch):
+    """A timing dip (bigger tree measured cheaper) is lifted before the choice sees it."""
+    target, drafter = oracle_pair("llama")
+    dip = {1: 40.0, 2: 41.0, 4: 47.0, 8: 44.0, 16: 46.0, 32: 60.0, 64: 90.0}
+    monkeypatch.setattr(tune, "measure_verify_cost", lambda model, sizes, **k: {n: dip[n] for n in sizes})
+    profile = tune.measure_costs(target, drafter, [SMALL], key="k")
+    assert profile.verify_ms == {1: 40.0, 2: 41.0, 4: 47.0, 8: 47.0, 16: 47.0, 32: 60.0, 64: 90.0}
