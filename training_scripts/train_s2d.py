@@ -24,7 +24,7 @@ and a resumed training run with every shard written does not load the teacher at
 over other conversations (dataset, ``--limit``, ``--max_length``, tokenizer) or by another teacher
 or ``--teacher_dtype`` is refused; give another directory.
 
-Frozen-backbone recipe (``--exit_adapters``; benchmarks/s2d-qwen-cpu-pilot/, "Exit adapters"): keep all 24
+Frozen-backbone recipe (``--exit_adapters``; benchmarks/s2d-qwen-exit-adapters/): keep all 24
 layers of the 0.5B with exits after 8 / 16 / 24 and train only a linear map + norm per early exit, distilled
 from the last exit, which is the 0.5B itself (so the drafter is never less accurate than the 0.5B as an
 assistant, and confident early exits only save cost):
@@ -117,6 +117,8 @@ def main(argv=None):
     if not any(a.split("=")[0] in ("--bf16", "--fp16") for a in argv):
         argv += ["--bf16", "True"]  # bf16 autocast by default (fp32 master weights); --bf16 False turns it off
     training_args, extra = parser.parse_args_into_dataclasses(args=argv)  # extra: the script's own options
+    if extra.lora_rank and extra.exit_adapters:  # before the source model and teacher labels are loaded
+        parser.error("--lora_rank and --exit_adapters are two recipes; pick one.")
     source, tokenizer = _load(extra.source_model)
     drafter = SortedDrafter.from_source_model(source, num_layers=extra.num_layers, exits=extra.exits,
                                               source_name_or_path=extra.source_model)  # fmt: skip
@@ -141,8 +143,6 @@ def main(argv=None):
     if extra.freeze_embeddings:
         drafter.get_input_embeddings().weight.requires_grad_(False)
         drafter.get_output_embeddings().weight.requires_grad_(False)
-    if extra.lora_rank and extra.exit_adapters:
-        parser.error("--lora_rank and --exit_adapters are two recipes; pick one.")
     if extra.lora_rank:
         drafter.add_lora(extra.lora_rank, alpha=extra.lora_alpha)
     if extra.exit_adapters:
