@@ -141,3 +141,23 @@ def test_an_interrupted_distillation_is_already_a_trainable_cache(tmp_path, monk
     dataset, _ = load_feature_cache(out)  # the two finished shards, with their metadata
     meta = json.loads((tmp_path / "cache" / "hf_spec_features.json").read_text())
     assert len(dataset) == meta["num_examples"] == 4
+
+
+def test_the_command_line_distils_on_the_device_it_is_given(tmp_path):
+    """``--device`` places the target (the recipe runs unchanged on a GPU with ``--device cuda``); a device
+    this machine lacks fails before any prompt is answered."""
+    from hf_spec.training import distill
+
+    target, tok = make_target("llama", vocab_size=64, logit_scale=3.0), tiny_chat_tokenizer()
+    target.save_pretrained(tmp_path / "target")
+    tok.save_pretrained(tmp_path / "target")
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(c) + "\n" for c in _conversations(4, seed=5)))
+    args = ["--target_model", str(tmp_path / "target"), "--dataset", str(data), "--num_conversations", "3",
+            "--max_new_tokens", "3", "--dtype", "float32", "--batch_size", "2"]  # fmt: skip
+    distill.main([*args, "--device", "cpu", "--output", str(tmp_path / "cache")])
+    meta = json.loads((tmp_path / "cache" / "hf_spec_features.json").read_text())
+    assert meta["num_examples"] == 3 and meta["num_loss_tokens"] >= 3
+    with pytest.raises((RuntimeError, AssertionError, ValueError)):
+        distill.main([*args, "--device", "no-such-device", "--output", str(tmp_path / "other")])
+    assert not (tmp_path / "other").exists()

@@ -227,11 +227,15 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--shard_examples", type=int, default=256)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--device", default="auto", help="where the target runs: auto (cuda when available, else cpu), "
+                                                         "cpu, cuda, cuda:1, ...")  # fmt: skip
     parser.add_argument("--output", required=True, help="feature cache directory to write")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(args.target_model, resolve_dtype(args.dtype))
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    target, tokenizer = load_target(args.target_model, resolve_dtype(args.dtype, device))
+    target = target.to(device)
     conversations = load_conversations(args.dataset)
     random.Random(args.shuffle_seed).shuffle(conversations)
     distill_features(target, tokenizer, conversations, args.output, args.max_new_tokens, args.max_prompt_tokens,
