@@ -361,3 +361,53 @@ def test_sampled_distribution_with_drafter_skipping_copy_cycles_equals_target(mo
     p_value = chi_square_pvalue(counts, exact)
     assert p_value > P_VALUE_FLOOR, p_value
     assert calls[0] < 2 * cycles  # some cycles skipped the drafter (a drafted cycle runs 2 forwards at depth 2)
+
+
+def test_copy_budget_tells_copy_match_and_plain_cycles_apart():
+    """copy_budget: a full-suffix context match is a copy (copy_nodes); with match_nodes, a shorter match of
+    match_min_length tokens or more (context or datastore), or a full match whose copy budget is 0, is a match
+    cycle; shorter matches, or match_nodes 0, draft as usual (0)."""
+    from hf_spec.drafters.ngram import Continuation, copy_budget
+
+    def budget(length, position=5, copy=24, datastore_copy=0, match=8, min_length=2):
+        return copy_budget(Continuation([1, 2], length, position), 4, copy, datastore_copy, match, min_length)
+
+    assert budget(4) == 24 and budget(4, copy=0) == 8  # a copy, or a match cycle where copies are off
+    assert budget(4, position=-1) == 8 and budget(4, position=-1, datastore_copy=12) == 12  # the datastore's
+    assert budget(3) == budget(2) == 8 and budget(1) == 0 and budget(2, min_length=3) == 0
+    assert budget(3, match=0) == 0 and budget(4, match=0) == 24 and copy_budget(None, 4, 24, 0, 8, 2) == 0
+
+
+@pytest.mark.parametrize("kind", ["eagle", "parallel"])
+def test_match_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind, monkeypatch):
+    """ngram_match_nodes with ngram_copy_skips_drafter: a cycle whose context matches >= ngram_match_min_length
+    suffix tokens drafts the n-gram trie alone (no copy budget at all here); greedy output still equals plain,
+    fewer drafter forwards run and the n-gram nodes are accepted."""
+    target = make_target("llama")
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    cls = hf_spec.EagleDrafter if kind == "eagle" else hf_spec.ParallelDrafter
+    forwards, from_ngram = {}, {}
+    for match in (0, 6):
+        drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_copy_skips_drafter=True,
+                                  ngram_match_nodes=match, ngram_match_min_length=2)  # fmt: skip
+        forwards[match], from_ngram[match] = copy_cycle_run(monkeypatch, target, prompt, expected, drafter)
+    assert forwards[6] < forwards[0]  # the repetitive prompt makes 2-token matches certain
+    assert from_ngram[6] > 0
+    with pytest.raises(ValueError, match="ngram_match_min_length"):
+        hf_spec.EagleDrafter.from_target(target, ngram_match_min_length=0)
+    with pytest.raises(ValueError, match="ngram_match_nodes"):
+        hf_spec.EagleDrafter.from_target(target, ngram_match_nodes=-1)
+
+
+def test_sampled_distribution_with_drafter_skipping_match_cycles_equals_target(monkeypatch):
+    """Match cycles depend on the committed text only, like copies: the sampled law stays the target's."""
+    target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_depth=3, ngram_match_nodes=3,
+                                               ngram_match_min_length=1, ngram_copy_skips_drafter=True)  # fmt: skip
+    calls = count_drafter_forwards(monkeypatch)
+    counts, cycles = sample_counts(target, prompt, drafter, 2469, "cycles", tree_depth=2, tree_top_k=2,
+                                   tree_total_tokens=2)  # fmt: skip
+    p_value = chi_square_pvalue(counts, exact)
+    assert p_value > P_VALUE_FLOOR, p_value
+    assert calls[0] < 2 * cycles  # some cycles skipped the drafter (a drafted cycle runs 2 forwards at depth 2)

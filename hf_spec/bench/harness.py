@@ -206,16 +206,15 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
     stats = drafter_stats(drafter)
 
     tree = {k: v for k, v in (tree or {}).items() if v is not None}
-    for option in options_text:  # per-method tree options override the command line's
+    options = {"use_router": False} if no_router else {}
+    for option in options_text:  # per-method generate options; tree ones override the command line's
         key, _, value = option.partition("=")
         if key == "depth":
             tree["tree_depth"] = int(value)
         elif key == "min_prob":
             tree["tree_min_prob"] = float(value)
-    options = {"use_router": False} if no_router else {}
-    ngram_branches = next((int(o.split("=")[1]) for o in options_text if o.startswith("ngram=")), None)
-    if ngram_branches is not None:
-        options["ngram_branches"] = ngram_branches
+        elif key == "ngram":
+            options["ngram_branches"] = int(value)
     info = {"drafter": path, **tree, **options, "ngram_datastore": drafter.ngram_datastore is not None,
             "auto_tree_shape": bool(getattr(drafter.config, "tree_shape_candidates", None))
             and getattr(drafter.config, "auto_tree_shape", None) is not False and not tree and "ngram_branches" not in options}  # fmt: skip

@@ -75,6 +75,12 @@ class EagleDrafterConfig(SpecDrafterConfig):
             formulaic text the target wrote before, where the corpus may predict as well as the
             drafter at no drafter cost. Its own budget: corpus continuations branch more than a
             copied passage, so the context's long copy chains would cost too many tree tokens.
+        ngram_match_nodes: a cycle that is no copy but whose best continuation (context or datastore)
+            matches at least ``ngram_match_min_length`` suffix tokens is a *match cycle*, drafting up to
+            this many n-gram nodes (0: off; ``ngram_copy_skips_drafter`` applies, so such a cycle drafts
+            the n-gram trie alone, as :class:`~hf_spec.drafters.ngram.NGramDrafter` would, and runs no
+            drafter forward).
+        ngram_match_min_length: the shortest match that makes a match cycle (default 2).
     """
 
     model_type = "hf_spec_eagle"
@@ -92,12 +98,19 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_copy_nodes: int = 0,
         ngram_copy_skips_drafter: bool = False,
         ngram_datastore_copy_nodes: int = 0,
+        ngram_match_nodes: int = 0,
+        ngram_match_min_length: int = 2,
         **kwargs,
     ):
         self.ngram_branches = check_ngram_branches(ngram_branches)
         self.ngram_copy_nodes = check_ngram_branches(ngram_copy_nodes, "ngram_copy_nodes")
         self.ngram_copy_skips_drafter = bool(ngram_copy_skips_drafter)
         self.ngram_datastore_copy_nodes = check_ngram_branches(ngram_datastore_copy_nodes, "ngram_datastore_copy_nodes")
+        self.ngram_match_nodes = check_ngram_branches(ngram_match_nodes, "ngram_match_nodes")
+        if not isinstance(ngram_match_min_length, int) or ngram_match_min_length < 1:
+            raise ValueError(f"ngram_match_min_length must be a positive integer (suffix tokens), got "
+                             f"{ngram_match_min_length!r}.")  # fmt: skip
+        self.ngram_match_min_length = ngram_match_min_length
         if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
             raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
         self.ngram_depth = ngram_depth
@@ -356,7 +369,10 @@ class EagleDraftingSession(DraftingSession):
         if self._ngram is None:
             if self.prompt_ids is None:
                 raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
-            self._ngram = NGramBranches(self.prompt_ids, datastore=self.drafter.ngram_datastore)
+            config = self.drafter.config
+            self._ngram = NGramBranches(self.prompt_ids, datastore=self.drafter.ngram_datastore,
+                                        match_nodes=config.ngram_match_nodes,
+                                        match_min_length=config.ngram_match_min_length)  # fmt: skip
         self._ngram.extend(next_tokens)
         return True
 
@@ -391,7 +407,8 @@ class EagleDraftingSession(DraftingSession):
     def _copy_tree(self, root_token: torch.Tensor) -> DraftTree | None:
         """With ``ngram_copy_skips_drafter``, the n-gram trie alone on a copy cycle; else None."""
         config = self.drafter.config
-        if not (config.ngram_copy_skips_drafter and (config.ngram_copy_nodes or config.ngram_datastore_copy_nodes)):
+        if not (config.ngram_copy_skips_drafter
+                and (config.ngram_copy_nodes or config.ngram_datastore_copy_nodes or config.ngram_match_nodes)):
             return None
         start = timing.clock(self.drafter.device)
         depth = max(self.shape.depth, config.ngram_depth or 0)

@@ -312,12 +312,19 @@ def graft_trie(tree: DraftTree, trie: TrieNodes, max_new: int | None = None) -> 
     )
 
 
-def copy_budget(first: Continuation | None, max_match: int, copy_nodes: int, datastore_copy_nodes: int = 0) -> int:
+def copy_budget(first: Continuation | None, max_match: int, copy_nodes: int, datastore_copy_nodes: int = 0,
+                match_nodes: int = 0, match_min_length: int = 2) -> int:  # fmt: skip
     """Nodes to draft if the best continuation ``first`` makes this a copy cycle, else 0: its match covers the
-    whole ``max_match``-token suffix, in the context (``copy_nodes``) or in a datastore (``datastore_copy_nodes``)."""
-    if first is None or first.match_length < max_match:
+    whole ``max_match``-token suffix, in the context (``copy_nodes``) or in a datastore (``datastore_copy_nodes``).
+    With ``match_nodes`` > 0 a shorter match of at least ``match_min_length`` tokens (context or datastore) is a
+    *match cycle*, drafting ``match_nodes`` (as is a full match whose copy budget is 0)."""
+    if first is None:
         return 0
-    return copy_nodes if first.position >= 0 else datastore_copy_nodes
+    if first.match_length >= max_match:
+        budget = copy_nodes if first.position >= 0 else datastore_copy_nodes
+        if budget:
+            return budget
+    return match_nodes if match_nodes and first.match_length >= match_min_length else 0
 
 
 class NGramBranches:
@@ -334,9 +341,11 @@ class NGramBranches:
     """
 
     def __init__(self, prompt_ids: torch.Tensor, max_match: int = 4, min_match: int = 1, max_occurrences: int = 16,
-                 datastore=None):  # fmt: skip
+                 datastore=None, match_nodes: int = 0, match_min_length: int = 2):  # fmt: skip
         self.max_occurrences = max_occurrences
         self.datastore = datastore
+        self.match_nodes, self.match_min_length = match_nodes, match_min_length
+        """Match cycles (:func:`copy_budget`): the hybrid's ``ngram_match_nodes`` / ``ngram_match_min_length``."""
         self.index = NGramIndex(min_match, max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
 
@@ -348,13 +357,15 @@ class NGramBranches:
         """Nodes to draft on this cycle if it is a copy, else 0. A copy: the context repeats its whole
         ``max_match``-token suffix (the answer is copying earlier text; ``copy_nodes``), or, with
         ``datastore_copy_nodes`` > 0, the datastore does (a phrase the target wrote before; its own
-        budget, as corpus continuations branch more than a copied passage). A function of the
+        budget, as corpus continuations branch more than a copied passage); with ``match_nodes``, a match of
+        ``match_min_length`` tokens or more is a match cycle (:func:`copy_budget`). A function of the
         committed text only."""
         first = next(continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences), None)
         return self._copy_budget(first, copy_nodes, datastore_copy_nodes)
 
     def _copy_budget(self, first: Continuation | None, copy_nodes: int, datastore_copy_nodes: int) -> int:
-        return copy_budget(first, self.index.max_match, copy_nodes, datastore_copy_nodes)
+        return copy_budget(first, self.index.max_match, copy_nodes, datastore_copy_nodes, self.match_nodes,
+                           self.match_min_length)  # fmt: skip
 
     def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
         """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
