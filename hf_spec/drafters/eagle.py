@@ -79,7 +79,8 @@ class EagleDrafterConfig(SpecDrafterConfig):
             matches at least ``ngram_match_min_length`` suffix tokens is a *match cycle*, drafting up to
             this many n-gram nodes (0: off; ``ngram_copy_skips_drafter`` applies, so such a cycle drafts
             the n-gram trie alone, as :class:`~hf_spec.drafters.ngram.NGramDrafter` would, and runs no
-            drafter forward).
+            drafter forward). Off in the shipped SmolLM2 folders: it did not hold up on fresh prompts
+            (benchmarks/smollm2-drafters-that-pay/zen4_bf16_session33/match_cycles_ab).
         ngram_match_min_length: the shortest match that makes a match cycle (default 2).
     """
 
