@@ -350,17 +350,20 @@ def test_deferred_pairs_reach_the_drafter_cache_as_if_never_skipped(monkeypatch)
     assert sessions[0].committed == sessions[1].committed == length + 4  # every pair in the cache
 
 
-def test_sampled_distribution_with_drafter_skipping_copy_cycles_equals_target(monkeypatch):
-    """Skipping the drafter depends on the committed text only: the sampled law stays the target's."""
+@pytest.mark.parametrize("cycles, seed", [(dict(ngram_copy_nodes=4), 2468),
+                                          (dict(ngram_match_nodes=3, ngram_match_min_length=1), 2469)])  # fmt: skip
+def test_sampled_distribution_with_drafter_skipping_cycles_equals_target(cycles, seed, monkeypatch):
+    """Skipping the drafter on copy cycles, or on match cycles (ngram_match_nodes), depends on the committed text
+    only: the sampled law stays the target's."""
     target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
-    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_copy_nodes=4, ngram_depth=3,
-                                               ngram_copy_skips_drafter=True)  # fmt: skip
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_depth=3, ngram_copy_skips_drafter=True,
+                                               **cycles)  # fmt: skip
     calls = count_drafter_forwards(monkeypatch)
-    counts, cycles = sample_counts(target, prompt, drafter, 2468, "cycles", tree_depth=2, tree_top_k=2,
-                                   tree_total_tokens=2)  # fmt: skip
+    counts, num_cycles = sample_counts(target, prompt, drafter, seed, "cycles", tree_depth=2, tree_top_k=2,
+                                       tree_total_tokens=2)  # fmt: skip
     p_value = chi_square_pvalue(counts, exact)
     assert p_value > P_VALUE_FLOOR, p_value
-    assert calls[0] < 2 * cycles  # some cycles skipped the drafter (a drafted cycle runs 2 forwards at depth 2)
+    assert calls[0] < 2 * num_cycles  # some cycles skipped the drafter (a drafted cycle runs 2 forwards at depth 2)
 
 
 def test_copy_budget_tells_copy_match_and_plain_cycles_apart():
@@ -399,15 +402,3 @@ def test_match_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind
     with pytest.raises(ValueError, match="ngram_match_nodes"):
         hf_spec.EagleDrafter.from_target(target, ngram_match_nodes=-1)
 
-
-def test_sampled_distribution_with_drafter_skipping_match_cycles_equals_target(monkeypatch):
-    """Match cycles depend on the committed text only, like copies: the sampled law stays the target's."""
-    target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
-    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_depth=3, ngram_match_nodes=3,
-                                               ngram_match_min_length=1, ngram_copy_skips_drafter=True)  # fmt: skip
-    calls = count_drafter_forwards(monkeypatch)
-    counts, cycles = sample_counts(target, prompt, drafter, 2469, "cycles", tree_depth=2, tree_top_k=2,
-                                   tree_total_tokens=2)  # fmt: skip
-    p_value = chi_square_pvalue(counts, exact)
-    assert p_value > P_VALUE_FLOOR, p_value
-    assert calls[0] < 2 * cycles  # some cycles skipped the drafter (a drafted cycle runs 2 forwards at depth 2)
