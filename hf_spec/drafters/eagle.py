@@ -372,6 +372,8 @@ class EagleDraftingSession(DraftingSession):
                 raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
             config = self.drafter.config
             self._ngram = NGramBranches(self.prompt_ids, datastore=self.drafter.ngram_datastore,
+                                        copy_nodes=config.ngram_copy_nodes,
+                                        datastore_copy_nodes=config.ngram_datastore_copy_nodes,
                                         match_nodes=config.ngram_match_nodes,
                                         match_min_length=config.ngram_match_min_length)  # fmt: skip
         self._ngram.extend(next_tokens)
@@ -384,9 +386,7 @@ class EagleDraftingSession(DraftingSession):
             return tree
         start = timing.clock(self.drafter.device)
         config = self.drafter.config
-        tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample, depth=config.ngram_depth,
-                                 copy_branches=config.ngram_copy_nodes,
-                                 datastore_copy_branches=config.ngram_datastore_copy_nodes)  # fmt: skip
+        tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample, depth=config.ngram_depth)
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
 
@@ -413,7 +413,7 @@ class EagleDraftingSession(DraftingSession):
             return None
         start = timing.clock(self.drafter.device)
         depth = max(self.shape.depth, config.ngram_depth or 0)
-        budget = self._ngram.copy_budget(depth, config.ngram_copy_nodes, config.ngram_datastore_copy_nodes)
+        budget = self._ngram.copy_budget(depth)
         tree = self._ngram.tree(int(root_token), self.shape, budget, depth, root_token.device) if budget else None
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree

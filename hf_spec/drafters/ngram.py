@@ -341,11 +341,14 @@ class NGramBranches:
     """
 
     def __init__(self, prompt_ids: torch.Tensor, max_match: int = 4, min_match: int = 1, max_occurrences: int = 16,
-                 datastore=None, match_nodes: int = 0, match_min_length: int = 2):  # fmt: skip
+                 datastore=None, copy_nodes: int = 0, datastore_copy_nodes: int = 0, match_nodes: int = 0,
+                 match_min_length: int = 2):  # fmt: skip
         self.max_occurrences = max_occurrences
         self.datastore = datastore
+        self.copy_nodes, self.datastore_copy_nodes = copy_nodes, datastore_copy_nodes
         self.match_nodes, self.match_min_length = match_nodes, match_min_length
-        """Match cycles (:func:`copy_budget`): the hybrid's ``ngram_match_nodes`` / ``ngram_match_min_length``."""
+        """The cycle budgets of :func:`copy_budget`: the hybrid's ``ngram_copy_nodes``,
+        ``ngram_datastore_copy_nodes``, ``ngram_match_nodes`` and ``ngram_match_min_length``."""
         self.index = NGramIndex(min_match, max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
 
@@ -353,7 +356,7 @@ class NGramBranches:
         """Index newly committed tokens (one host read)."""
         self.index.extend(next_tokens.tolist())
 
-    def copy_budget(self, depth: int, copy_nodes: int, datastore_copy_nodes: int = 0) -> int:
+    def copy_budget(self, depth: int) -> int:
         """Nodes to draft on this cycle if it is a copy, else 0. A copy: the context repeats its whole
         ``max_match``-token suffix (the answer is copying earlier text; ``copy_nodes``), or, with
         ``datastore_copy_nodes`` > 0, the datastore does (a phrase the target wrote before; its own
@@ -361,10 +364,10 @@ class NGramBranches:
         ``match_min_length`` tokens or more is a match cycle (:func:`copy_budget`). A function of the
         committed text only."""
         first = next(continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences), None)
-        return self._copy_budget(first, copy_nodes, datastore_copy_nodes)
+        return self._copy_budget(first)
 
-    def _copy_budget(self, first: Continuation | None, copy_nodes: int, datastore_copy_nodes: int) -> int:
-        return copy_budget(first, self.index.max_match, copy_nodes, datastore_copy_nodes, self.match_nodes,
+    def _copy_budget(self, first: Continuation | None) -> int:
+        return copy_budget(first, self.index.max_match, self.copy_nodes, self.datastore_copy_nodes, self.match_nodes,
                            self.match_min_length)  # fmt: skip
 
     def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
@@ -375,12 +378,10 @@ class NGramBranches:
         tree.from_ngram = torch.arange(len(tree)) > 0
         return tree
 
-    def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None,
-              copy_branches: int = 0, datastore_copy_branches: int = 0) -> DraftTree:  # fmt: skip
+    def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None) -> DraftTree:
         """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: branching, and depth unless
-        ``depth`` reaches deeper); on a copy (:meth:`copy_budget`) up to ``copy_branches`` (the context's)
-        or ``datastore_copy_branches`` (the datastore's) if larger. The budget depends on the committed
-        text only."""
+        ``depth`` reaches deeper); on a copy or match cycle (:meth:`copy_budget`) up to that cycle's budget if
+        larger. The budget depends on the committed text only."""
         if branches <= 0:
             return tree
         depth = max(shape.depth, depth or 0)
@@ -388,7 +389,7 @@ class NGramBranches:
         first = next(continuations, None)
         if first is None:
             return tree
-        branches = max(branches, self._copy_budget(first, copy_branches, datastore_copy_branches))
+        branches = max(branches, self._copy_budget(first))
         num_nodes = branches if sample else branches + len(tree) - 1
         trie = build_trie(itertools.chain([first], continuations), num_nodes, depth, shape.top_k)
         return graft_trie(tree, trie, max_new=None if sample else branches)

@@ -80,7 +80,9 @@ def prepare_features(data_args: DataArguments, training_args, aux_layer_ids=None
     ``aux_layer_ids``: target layer ids (or a function of the target giving them) whose inputs the drafter
     reads (EAGLE-3): the cache is then the copy of the feature cache extended with them
     (:func:`~hf_spec.training.data.layer_cache_dir`), built on first use."""
-    device = training_args.device  # the Trainer's device: features are cached where the drafter trains
+    # the Trainer's device: features are cached where the drafter trains, and the drafter, which only borrows the
+    # target's embedding and LM head, finds them there (Trainer's own move of the drafter would leave them behind)
+    device = training_args.device
     target, tokenizer = load_target(data_args.target_model, resolve_dtype(data_args.feature_dtype, device))
     target = target.to(device)
     cache = data_args.feature_cache or feature_cache_dir(
@@ -211,7 +213,7 @@ def train_router(drafter_path: str, data_args: DataArguments, training_args) -> 
     """CORAL stage 2: load a trained drafter, attach a router over groups of the training data's
     token-frequency order (of its draft vocabulary, if it has one), train only the router (drafter frozen) and save the drafter with it."""
     target, tokenizer, cache, dataset, storage = prepare_features(data_args, training_args)
-    target = target.float().to(training_args.device)  # as in train_drafter
+    target = target.float()
     drafter = EagleDrafter.from_pretrained(drafter_path).bind(target)
     drafter.config.training_method = "coral"
     counts = assistant_token_counts(dataset, drafter.config.target_vocab_size)
@@ -245,9 +247,7 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
         given = drafter_config.get("eagle_aux_hidden_state_layer_ids")
         aux_layer_ids = given or (lambda t: default_aux_layer_ids(t.config.get_text_config().num_hidden_layers))
     target, tokenizer, cache, dataset, storage = prepare_features(data_args, training_args, aux_layer_ids)
-    # the drafter trains in fp32 (bf16 autocast via --bf16) against the fp32 LM head, on the Trainer's device (the
-    # drafter only borrows the target's embedding and head, so Trainer's own move would leave them behind)
-    target = target.float().to(training_args.device)
+    target = target.float()  # the drafter trains in fp32 (bf16 autocast via --bf16) against the fp32 LM head
     if data_args.init_drafter:
         drafter, coverage = warm_start_drafter(drafter_class, data_args.init_drafter, target, method, dataset,
                                                data_args.num_layers)  # fmt: skip

@@ -2,7 +2,6 @@
 >= L tokens of the suffix, drafting the n-gram trie alone (B nodes) as NGramDrafter would; interleaved per prompt."""
 import sys, time, torch
 import hf_spec
-import hf_spec.drafters.ngram as NG
 from hf_spec.resources import load_packaged_model
 from hf_spec.bench.harness import build_prompts
 L, B = int(sys.argv[1]), int(sys.argv[2]); skips = [int(s) for s in sys.argv[3].split(",")]; name = sys.argv[4]
