@@ -158,6 +158,6 @@ def test_the_command_line_distils_on_the_device_it_is_given(tmp_path):
     distill.main([*args, "--device", "cpu", "--output", str(tmp_path / "cache")])
     meta = json.loads((tmp_path / "cache" / "hf_spec_features.json").read_text())
     assert meta["num_examples"] == 3 and meta["num_loss_tokens"] >= 3
-    with pytest.raises((RuntimeError, AssertionError, ValueError)):
+    with pytest.raises(RuntimeError, match="no-such-device"):
         distill.main([*args, "--device", "no-such-device", "--output", str(tmp_path / "other")])
     assert not (tmp_path / "other").exists()
