@@ -35,7 +35,8 @@ class GenerationStats:
     size that sets a verification forward's cost. ``verify_forwards``: target verification forwards (one per
     cycle, whatever the number of rows). Seconds: ``target_forward_seconds`` (prefill +
     verification forwards), ``drafter_forward_seconds`` (drafter forwards), ``total_seconds``
-    (the whole loop). ``early_exits``: the early-exit drafter's own counters (None for the
+    (the whole loop). ``drafter_skipped_cycles``: cycles whose tree held n-gram nodes only and ran no drafter
+    forward (copy cycles, match cycles, learned skips of ``ngram_adaptive_skip_nodes``). ``early_exits``: the early-exit drafter's own counters (None for the
     other families), filled by its drafting session.
     """
 
@@ -46,6 +47,7 @@ class GenerationStats:
     verify_forwards: int = 0
     target_forward_seconds: float = 0.0
     drafter_forward_seconds: float = 0.0
+    drafter_skipped_cycles: int = 0
     total_seconds: float = 0.0
     early_exits: EarlyExitStats | None = None
     shape_choice: dict | None = None
@@ -75,6 +77,7 @@ class GenerationStats:
         self.accepted_from_ngram += row.accepted_from_ngram
         self.new_tokens += row.new_tokens
         self.drafter_forward_seconds += row.drafter_forward_seconds
+        self.drafter_skipped_cycles += row.drafter_skipped_cycles
         if row.early_exits is not None:
             if self.early_exits is None:
                 self.early_exits = EarlyExitStats([0] * len(row.early_exits.exit_counts))

@@ -367,18 +367,22 @@ def test_sampled_distribution_with_drafter_skipping_cycles_equals_target(cycles,
 
 
 def test_copy_budget_tells_copy_match_and_plain_cycles_apart():
-    """copy_budget: a full-suffix context match is a copy (copy_nodes); with match_nodes, a shorter match of
-    match_min_length tokens or more (context or datastore), or a full match whose copy budget is 0, is a match
-    cycle; shorter matches, or match_nodes 0, draft as usual (0)."""
+    """copy_budget: a full-suffix context match is a copy (copy_nodes); a shorter match of match_min_length
+    tokens or more, or a full one whose copy budget is 0, is a match cycle, with its own budget for context
+    (match_nodes) and datastore-only matches (datastore_match_nodes); shorter matches, or a budget of 0, draft
+    as usual (0)."""
     from hf_spec.drafters.ngram import Continuation, copy_budget
 
-    def budget(length, position=5, copy=24, datastore_copy=0, match=8, min_length=2):
-        return copy_budget(Continuation([1, 2], length, position), 4, copy, datastore_copy, match, min_length)
+    def budget(length, position=5, copy=24, datastore_copy=0, match=8, min_length=2, datastore_match=0):
+        return copy_budget(Continuation([1, 2], length, position), 4, copy, datastore_copy, match, min_length,
+                           datastore_match)  # fmt: skip
 
     assert budget(4) == 24 and budget(4, copy=0) == 8  # a copy, or a match cycle where copies are off
-    assert budget(4, position=-1) == 8 and budget(4, position=-1, datastore_copy=12) == 12  # the datastore's
+    assert budget(4, position=-1) == 0 and budget(4, position=-1, datastore_copy=12) == 12  # the datastore's
+    assert budget(2, position=-1) == 0 and budget(2, position=-1, datastore_match=6) == 6
+    assert budget(4, position=-1, datastore_match=6) == 6 and budget(1, position=-1, datastore_match=6) == 0
     assert budget(3) == budget(2) == 8 and budget(1) == 0 and budget(2, min_length=3) == 0
-    assert budget(3, match=0) == 0 and budget(4, match=0) == 24 and copy_budget(None, 4, 24, 0, 8, 2) == 0
+    assert budget(3, match=0) == 0 and budget(4, match=0) == 24 and copy_budget(None, 4, 24, 0, 8, 2, 8) == 0
 
 
 @pytest.mark.parametrize("kind", ["eagle", "parallel"])
@@ -402,3 +406,85 @@ def test_match_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind
     with pytest.raises(ValueError, match="ngram_match_nodes"):
         hf_spec.EagleDrafter.from_target(target, ngram_match_nodes=-1)
 
+
+
+# -- learned drafter skipping (ngram_adaptive_skip_nodes) ---------------------------------------
+def skip_after_long_accepts(monkeypatch) -> list[int]:
+    """Make the skip policy skip the drafter on every cycle that follows one which committed >= 2 tokens (a
+    choice that depends on earlier cycles' draws, as the learned one does); returns [skipped cycles]."""
+    from hf_spec.drafters.skip_policy import DrafterSkipPolicy
+
+    skipped, last = [0], {}
+    original_observe = DrafterSkipPolicy.observe
+
+    def observe(self, committed, now, drafting_seconds):
+        last[id(self)] = len(committed)
+        original_observe(self, committed, now, drafting_seconds)
+
+    def should_skip(self, bucket):
+        skip = bucket is not None and last.get(id(self), 0) >= 2
+        skipped[0] += skip
+        return skip
+
+    monkeypatch.setattr(DrafterSkipPolicy, "observe", observe)
+    monkeypatch.setattr(DrafterSkipPolicy, "should_skip", should_skip)
+    return skipped
+
+
+@pytest.mark.parametrize("kind", ["eagle", "parallel"])
+def test_adaptive_skipping_stays_lossless_and_saves_forwards(kind, monkeypatch):
+    """ngram_adaptive_skip_nodes: cycles the policy skips draft the n-gram trie alone and run no drafter forward;
+    greedy output still equals plain on both kinds of cycle, and the n-gram nodes are accepted."""
+    target = make_target("llama")
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    cls = hf_spec.EagleDrafter if kind == "eagle" else hf_spec.ParallelDrafter
+    skipped = skip_after_long_accepts(monkeypatch)
+    forwards = {}
+    for nodes in (0, 6):
+        drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_adaptive_skip_nodes=nodes)
+        forwards[nodes], from_ngram = copy_cycle_run(monkeypatch, target, prompt, expected, drafter)
+        assert from_ngram > 0
+        assert drafter.last_generation_stats.drafter_skipped_cycles == (skipped[0] if nodes else 0)
+    assert skipped[0] > 0 and forwards[6] < forwards[0]
+    with pytest.raises(ValueError, match="ngram_adaptive_skip_nodes"):
+        cls.from_target(target, ngram_adaptive_skip_nodes=-1)
+
+
+def test_adaptive_skipping_keeps_the_sampled_distribution(monkeypatch):
+    """A skip choice that depends on earlier cycles' draws keeps the sampled law the target's: each cycle's
+    tree is fixed before its own draws."""
+    target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_depth=3, ngram_adaptive_skip_nodes=3)
+    skipped = skip_after_long_accepts(monkeypatch)
+    counts, _ = sample_counts(target, prompt, drafter, 2470, tree_depth=1, tree_top_k=2, tree_total_tokens=1)
+    p_value = chi_square_pvalue(counts, exact)
+    assert p_value > P_VALUE_FLOOR, p_value
+    assert skipped[0] > 100
+
+
+def test_skip_policy_learns_when_the_drafter_pays():
+    """DrafterSkipPolicy on scripted cycles: it drafts until a bucket has min_drafted drafted cycles, then skips
+    where the n-gram trie alone commits more tokens per second (measured from drafted cycles' committed tokens),
+    drafts once after explore_every skips, and keeps drafting in a bucket where the drafter's tokens pay."""
+    from hf_spec.drafters.ngram import TrieNodes
+    from hf_spec.drafters.skip_policy import DrafterSkipPolicy, trie_accepts
+
+    chain = TrieNodes(tokens=[5, 6, 7], parents=[-1, 0, 1], depths=[1, 2, 3], counts=[1, 1, 1])
+    assert trie_accepts(chain, [5, 6, 9]) == 2 and trie_accepts(chain, [9]) == 0 and trie_accepts(chain, [5, 6, 7]) == 3
+    assert trie_accepts(TrieNodes(), [5]) == 0
+    policy = DrafterSkipPolicy(min_drafted=2, explore_every=2)
+    clock, drafting, choices = 0.0, 0.0, []
+    copied, fresh = (2, True), None  # a bucket where the trie predicts the text; one with no n-gram match at all
+    # 10 ms drafted cycles of which 4 ms draft: a skipped one is estimated at 6 ms until one is measured.
+    for committed, bucket in [([5, 6, 7, 8], copied), ([5, 6, 3], copied), ([4, 1, 2], fresh), ([4, 1, 9], fresh)] * 3:
+        skip = policy.should_skip(bucket)
+        choices.append(skip)
+        policy.begin(bucket, chain if bucket == copied else TrieNodes(), skip, clock, drafting)
+        drafting += 0.0 if skip else 0.004
+        clock += 0.006 if skip else 0.010
+        policy.observe(committed, clock, drafting)
+    # copied: the drafter adds nothing (hybrid 3.5 tokens = trie alone 3.5), so skipping wins once 2 were drafted;
+    # after 2 skips in a row it drafts once. fresh: the trie alone commits 1 token (the bonus), the hybrid 3.
+    assert choices == [False, False, False, False, True, True, False, False, False, True, False, False]
+    assert policy.skipped_cycles == 3 and policy.skipped_seconds.count == 3

@@ -25,9 +25,10 @@ from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .layer_config import decoder_layer_config
-from .ngram import NGramBranches
+from .ngram import NGramBranches, trie_to_draft_tree
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
 from .session import DraftingSession, check_ngram_branches
+from .skip_policy import DrafterSkipPolicy, bucket_of
 
 DECODER_LAYERS = {
     "llama": (LlamaDecoderLayer, LlamaRotaryEmbedding),
@@ -75,13 +76,19 @@ class EagleDrafterConfig(SpecDrafterConfig):
             formulaic text the target wrote before, where the corpus may predict as well as the
             drafter at no drafter cost. Its own budget: corpus continuations branch more than a
             copied passage, so the context's long copy chains would cost too many tree tokens.
-        ngram_match_nodes: a cycle that is no copy but whose best continuation (context or datastore)
-            matches at least ``ngram_match_min_length`` suffix tokens is a *match cycle*, drafting up to
-            this many n-gram nodes (0: off; ``ngram_copy_skips_drafter`` applies, so such a cycle drafts
-            the n-gram trie alone, as :class:`~hf_spec.drafters.ngram.NGramDrafter` would, and runs no
-            drafter forward). Off in the shipped SmolLM2 folders: it did not hold up on fresh prompts
-            (benchmarks/smollm2-drafters-that-pay/zen4_bf16_session33/match_cycles_ab).
+        ngram_match_nodes: a cycle that is no copy but whose best continuation is in the context and matches at
+            least ``ngram_match_min_length`` suffix tokens is a *match cycle*, drafting up to this many n-gram
+            nodes (0: off; ``ngram_copy_skips_drafter`` applies, so such a cycle drafts the n-gram trie alone, as
+            :class:`~hf_spec.drafters.ngram.NGramDrafter` would, and runs no drafter forward). Measured per
+            cycle, the SmolLM2 drafters add no accepted tokens there beyond what an 8-node trie alone gets
+            (benchmarks/smollm2-drafters-that-pay/zen4_bf16_session34).
         ngram_match_min_length: the shortest match that makes a match cycle (default 2).
+        ngram_datastore_match_nodes: the same for a best continuation found only in the datastore (0: off). Off
+            in the shipped folders: there the drafter still adds 5-15% more accepted tokens, about what its
+            forward costs, and skipping it lost on fresh prompts (zen4_bf16_session33/match_cycles_ab).
+        ngram_adaptive_skip_nodes: learn, per generate() call, on which cycles the drafter forward pays
+            for itself, and draft the n-gram trie alone (up to this many nodes) on the others
+            (:mod:`hf_spec.drafters.skip_policy`; 0: off). Copy cycles keep their own rule.
     """
 
     model_type = "hf_spec_eagle"
@@ -101,6 +108,8 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_datastore_copy_nodes: int = 0,
         ngram_match_nodes: int = 0,
         ngram_match_min_length: int = 2,
+        ngram_datastore_match_nodes: int = 0,
+        ngram_adaptive_skip_nodes: int = 0,
         **kwargs,
     ):
         self.ngram_branches = check_ngram_branches(ngram_branches)
@@ -112,6 +121,9 @@ class EagleDrafterConfig(SpecDrafterConfig):
             raise ValueError(f"ngram_match_min_length must be a positive integer (suffix tokens), got "
                              f"{ngram_match_min_length!r}.")  # fmt: skip
         self.ngram_match_min_length = ngram_match_min_length
+        self.ngram_datastore_match_nodes = check_ngram_branches(ngram_datastore_match_nodes,
+                                                                "ngram_datastore_match_nodes")
+        self.ngram_adaptive_skip_nodes = check_ngram_branches(ngram_adaptive_skip_nodes, "ngram_adaptive_skip_nodes")
         if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
             raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
         self.ngram_depth = ngram_depth
@@ -357,11 +369,19 @@ class EagleDraftingSession(DraftingSession):
         self._ngram = None
         self._deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
         """Committed (features, tokens) of copy cycles that skipped the drafter, not yet in its cache."""
+        self.skipped_cycles = 0
+        """Cycles that drafted the n-gram trie alone (no drafter forward)."""
+        self.skip_policy: DrafterSkipPolicy | None = None
+        """The learned drafter skipping of ``ngram_adaptive_skip_nodes`` (None: off, or no cycle yet)."""
 
     @property
     def supports_router(self) -> bool:
         """A CORAL LM-head router to draft through: only drafters that have one."""
         return self.drafter.router is not None
+
+    def record(self, stats) -> None:
+        super().record(stats)
+        stats.drafter_skipped_cycles += self.skipped_cycles
 
     def _index_ngrams(self, next_tokens: torch.Tensor) -> bool:
         """Index the committed ``next_tokens`` for the n-gram branches; False when they are off."""
@@ -375,7 +395,10 @@ class EagleDraftingSession(DraftingSession):
                                         copy_nodes=config.ngram_copy_nodes,
                                         datastore_copy_nodes=config.ngram_datastore_copy_nodes,
                                         match_nodes=config.ngram_match_nodes,
-                                        match_min_length=config.ngram_match_min_length)  # fmt: skip
+                                        match_min_length=config.ngram_match_min_length,
+                                        datastore_match_nodes=config.ngram_datastore_match_nodes)  # fmt: skip
+            if config.ngram_adaptive_skip_nodes:
+                self.skip_policy = DrafterSkipPolicy()
         self._ngram.extend(next_tokens)
         return True
 
@@ -396,8 +419,11 @@ class EagleDraftingSession(DraftingSession):
         later; else ``(None, features, next_tokens)`` with any kept pairs in front, for the drafter."""
         if self._index_ngrams(next_tokens):
             copy = self._copy_tree(next_tokens[-1])
+            if self.skip_policy is not None:
+                copy = self._adaptive_skip(next_tokens, copy)
             if copy is not None:  # the drafter reads these pairs with the next drafted cycle's
                 self._deferred.append((features, next_tokens))
+                self.skipped_cycles += 1
                 return copy, None, None
         if self._deferred:
             features = torch.cat([*(f for f, _ in self._deferred), features])
@@ -405,11 +431,34 @@ class EagleDraftingSession(DraftingSession):
             self._deferred = []
         return None, features, next_tokens
 
+    def _adaptive_skip(self, next_tokens: torch.Tensor, copy: DraftTree | None) -> DraftTree | None:
+        """With ``ngram_adaptive_skip_nodes``: let :attr:`skip_policy` learn from the last cycle and choose
+        this one's tree; returns ``copy`` on a copy cycle, the n-gram tree on a skipped cycle, else None."""
+        policy = self.skip_policy
+        device = self.drafter.device
+        start = timing.clock(device)
+        policy.observe(self._ngram.index.tokens[-len(next_tokens):], start, self.forward_seconds)  # indexed: no host read
+        if copy is not None:
+            policy.forget()
+            return copy
+        config = self.drafter.config
+        depth = max(self.shape.depth, config.ngram_depth or 0)
+        first, trie = self._ngram.alone(config.ngram_adaptive_skip_nodes, depth, self.shape.top_k)
+        bucket = bucket_of(first, self._ngram.index.max_match)
+        skip = policy.should_skip(bucket)
+        tree = trie_to_draft_tree(int(next_tokens[-1]), trie, device=next_tokens.device) if skip else None
+        if tree is not None:
+            tree.from_ngram = torch.arange(len(tree)) > 0
+        self.forward_seconds += timing.clock(device) - start
+        policy.begin(bucket, trie, skip, start, self.forward_seconds)
+        return tree
+
     def _copy_tree(self, root_token: torch.Tensor) -> DraftTree | None:
         """With ``ngram_copy_skips_drafter``, the n-gram trie alone on a copy cycle; else None."""
         config = self.drafter.config
         if not (config.ngram_copy_skips_drafter
-                and (config.ngram_copy_nodes or config.ngram_datastore_copy_nodes or config.ngram_match_nodes)):
+                and (config.ngram_copy_nodes or config.ngram_datastore_copy_nodes or config.ngram_match_nodes
+                     or config.ngram_datastore_match_nodes)):
             return None
         start = timing.clock(self.drafter.device)
         depth = max(self.shape.depth, config.ngram_depth or 0)

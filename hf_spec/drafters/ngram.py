@@ -313,18 +313,21 @@ def graft_trie(tree: DraftTree, trie: TrieNodes, max_new: int | None = None) -> 
 
 
 def copy_budget(first: Continuation | None, max_match: int, copy_nodes: int, datastore_copy_nodes: int = 0,
-                match_nodes: int = 0, match_min_length: int = 2) -> int:  # fmt: skip
+                match_nodes: int = 0, match_min_length: int = 2, datastore_match_nodes: int = 0) -> int:  # fmt: skip
     """Nodes to draft if the best continuation ``first`` makes this a copy cycle, else 0: its match covers the
     whole ``max_match``-token suffix, in the context (``copy_nodes``) or in a datastore (``datastore_copy_nodes``).
-    With ``match_nodes`` > 0 a shorter match of at least ``match_min_length`` tokens (context or datastore) is a
-    *match cycle*, drafting ``match_nodes`` (as is a full match whose copy budget is 0)."""
+    A shorter match of at least ``match_min_length`` tokens (or a full one whose copy budget is 0) is a *match
+    cycle*: ``match_nodes`` when it is in the context, ``datastore_match_nodes`` when only the datastore has it
+    (0: not a match cycle)."""
     if first is None:
         return 0
+    in_context = first.position >= 0
     if first.match_length >= max_match:
-        budget = copy_nodes if first.position >= 0 else datastore_copy_nodes
+        budget = copy_nodes if in_context else datastore_copy_nodes
         if budget:
             return budget
-    return match_nodes if match_nodes and first.match_length >= match_min_length else 0
+    budget = match_nodes if in_context else datastore_match_nodes
+    return budget if budget and first.match_length >= match_min_length else 0
 
 
 class NGramBranches:
@@ -342,13 +345,15 @@ class NGramBranches:
 
     def __init__(self, prompt_ids: torch.Tensor, max_match: int = 4, min_match: int = 1, max_occurrences: int = 16,
                  datastore=None, copy_nodes: int = 0, datastore_copy_nodes: int = 0, match_nodes: int = 0,
-                 match_min_length: int = 2):  # fmt: skip
+                 match_min_length: int = 2, datastore_match_nodes: int = 0):  # fmt: skip
         self.max_occurrences = max_occurrences
         self.datastore = datastore
         self.copy_nodes, self.datastore_copy_nodes = copy_nodes, datastore_copy_nodes
         self.match_nodes, self.match_min_length = match_nodes, match_min_length
+        self.datastore_match_nodes = datastore_match_nodes
         """The cycle budgets of :func:`copy_budget`: the hybrid's ``ngram_copy_nodes``,
-        ``ngram_datastore_copy_nodes``, ``ngram_match_nodes`` and ``ngram_match_min_length``."""
+        ``ngram_datastore_copy_nodes``, ``ngram_match_nodes``, ``ngram_match_min_length`` and
+        ``ngram_datastore_match_nodes``."""
         self.index = NGramIndex(min_match, max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
 
@@ -360,15 +365,15 @@ class NGramBranches:
         """Nodes to draft on this cycle if it is a copy, else 0. A copy: the context repeats its whole
         ``max_match``-token suffix (the answer is copying earlier text; ``copy_nodes``), or, with
         ``datastore_copy_nodes`` > 0, the datastore does (a phrase the target wrote before; its own
-        budget, as corpus continuations branch more than a copied passage); with ``match_nodes``, a match of
-        ``match_min_length`` tokens or more is a match cycle (:func:`copy_budget`). A function of the
-        committed text only."""
+        budget, as corpus continuations branch more than a copied passage); with ``match_nodes`` (context) or
+        ``datastore_match_nodes`` (datastore only), a match of ``match_min_length`` tokens or more is a match
+        cycle (:func:`copy_budget`). A function of the committed text only."""
         first = next(continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences), None)
         return self._copy_budget(first)
 
     def _copy_budget(self, first: Continuation | None) -> int:
         return copy_budget(first, self.index.max_match, self.copy_nodes, self.datastore_copy_nodes, self.match_nodes,
-                           self.match_min_length)  # fmt: skip
+                           self.match_min_length, self.datastore_match_nodes)  # fmt: skip
 
     def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
         """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
@@ -377,6 +382,15 @@ class NGramBranches:
         tree = trie_to_draft_tree(root_token, build_trie(continuations, num_nodes, depth, shape.top_k), device=device)
         tree.from_ngram = torch.arange(len(tree)) > 0
         return tree
+
+    def alone(self, num_nodes: int, depth: int, top_k: int) -> tuple[Continuation | None, TrieNodes]:
+        """The best continuation (None: no match) and the trie of up to ``num_nodes`` nodes that drafting the
+        n-gram candidates alone would draft this cycle (``depth`` deep, ``top_k`` children per node)."""
+        continuations = continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences)
+        first = next(continuations, None)
+        if first is None:
+            return None, TrieNodes()
+        return first, build_trie(itertools.chain([first], continuations), num_nodes, depth, top_k)
 
     def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None) -> DraftTree:
         """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: branching, and depth unless
