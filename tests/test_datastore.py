@@ -153,22 +153,27 @@ def test_merged_datastores_find_every_corpus_and_never_cross_between_them():
 
 
 @pytest.mark.parametrize("kind", ["eagle", "parallel"])
-def test_datastore_copy_cycles_skip_the_drafter_and_stay_lossless(kind, monkeypatch):
+@pytest.mark.parametrize("budget", ["ngram_datastore_copy_nodes", "ngram_datastore_match_nodes"])
+def test_datastore_copy_cycles_skip_the_drafter_and_stay_lossless(kind, budget, monkeypatch):
     """ngram_datastore_copy_nodes: a cycle whose corpus continuation matches the whole max_match suffix is a
-    copy cycle (no drafter forward, its own budget); the random prompt has no repeats of its own, so only
-    the datastore can make such cycles. Greedy output equals plain either way."""
+    copy cycle (no drafter forward, its own budget); ngram_datastore_match_nodes: one that matches >= 2 suffix
+    tokens there is a match cycle. The random prompt has no repeats of its own, so only the datastore can make
+    such cycles (the generated text's own repeats make a few context copies). Greedy output equals plain
+    either way, and the stats count the skipped cycles."""
     from test_hybrid import copy_cycle_run
 
     target, prompt, store = corpus_case()
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
     cls = hf_spec.EagleDrafter if kind == "eagle" else hf_spec.ParallelDrafter
-    forwards, from_ngram = {}, {}
+    forwards, from_ngram, skipped = {}, {}, {}
     for from_datastore in (False, True):
         drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_copy_nodes=8,
-                                  ngram_copy_skips_drafter=True, ngram_datastore_copy_nodes=6 * from_datastore)  # fmt: skip
+                                  ngram_copy_skips_drafter=True, **{budget: 6 * from_datastore})  # fmt: skip
         drafter.ngram_datastore = store
         forwards[from_datastore], from_ngram[from_datastore] = copy_cycle_run(monkeypatch, target, prompt, expected, drafter)
+        skipped[from_datastore] = drafter.last_generation_stats.drafter_skipped_cycles
     assert forwards[True] < forwards[False]  # the corpus is the target's own text: its copies are certain
+    assert skipped[True] > skipped[False]  # the generated text's own repeats make a few context copy cycles
     assert from_ngram[True] > from_ngram[False]  # 6-node corpus tries instead of 2 grafted nodes
 
 
