@@ -408,3 +408,101 @@ def test_match_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind
         hf_spec.EagleDrafter.from_target(target, ngram_match_nodes=-1)
 
 
+
+
+# -- learned drafter skipping (ngram_adaptive_skip_nodes) ---------------------------------------
+def skip_unless_root_divides_by_3(monkeypatch) -> list[int]:
+    """Make the skip policy skip the drafter on every cycle with an n-gram match whose root token is not a multiple of 3 (a
+    choice that depends on the earlier cycles' draws, as the learned one does); returns [skipped cycles]."""
+    from hf_spec.drafters.ngram import NGramBranches
+    from hf_spec.drafters.skip_policy import DrafterSkipPolicy
+
+    skipped, root = [0], [0]
+    original_alone = NGramBranches.alone
+
+    def alone(self, num_nodes, depth, top_k):
+        root[0] = self.index.tokens[-1]
+        return original_alone(self, num_nodes, depth, top_k)
+
+    def should_skip(self, bucket):
+        skip = bucket is not None and root[0] % 3 != 0
+        skipped[0] += skip
+        return skip
+
+    monkeypatch.setattr(NGramBranches, "alone", alone)
+    monkeypatch.setattr(DrafterSkipPolicy, "should_skip", should_skip)
+    return skipped
+
+
+@pytest.mark.parametrize("kind", ["eagle", "parallel"])
+def test_adaptive_skipping_stays_lossless_and_saves_forwards(kind, monkeypatch):
+    """ngram_adaptive_skip_nodes: cycles the policy skips draft the n-gram trie alone and run no drafter forward;
+    greedy output still equals plain on both kinds of cycle, the n-gram nodes are accepted and the stats count
+    the skipped cycles."""
+    target = make_target("llama")
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    cls = hf_spec.EagleDrafter if kind == "eagle" else hf_spec.ParallelDrafter
+    skipped = skip_unless_root_divides_by_3(monkeypatch)
+    forwards = {}
+    for nodes in (0, 6):
+        drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_adaptive_skip_nodes=nodes)
+        forwards[nodes], from_ngram = copy_cycle_run(monkeypatch, target, prompt, expected, drafter)
+        assert from_ngram > 0
+        assert drafter.last_generation_stats.drafter_skipped_cycles == (skipped[0] if nodes else 0)
+    assert skipped[0] > 0 and forwards[6] < forwards[0]
+    with pytest.raises(ValueError, match="ngram_adaptive_skip_nodes"):
+        cls.from_target(target, ngram_adaptive_skip_nodes=-1)
+
+
+def test_adaptive_skipping_keeps_the_sampled_distribution(monkeypatch):
+    """A skip choice that depends on earlier cycles' draws (and earlier calls') keeps the sampled law the
+    target's: each cycle's tree is fixed before its own draws."""
+    target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_depth=3, ngram_adaptive_skip_nodes=3)
+    skipped = skip_unless_root_divides_by_3(monkeypatch)
+    counts, _ = sample_counts(target, prompt, drafter, 2470, tree_depth=1, tree_top_k=2, tree_total_tokens=1)
+    p_value = chi_square_pvalue(counts, exact)
+    assert p_value > P_VALUE_FLOOR, p_value
+    assert skipped[0] > 100
+
+
+def test_skip_policy_learns_when_the_drafter_pays():
+    """DrafterSkipPolicy on scripted cycles: it drafts until a bucket has min_drafted drafted cycles, then skips
+    where the n-gram trie alone commits more tokens per second (read off drafted cycles' committed tokens),
+    drafts every explore_every-th skip decision, and keeps drafting in a bucket where the drafter's tokens pay."""
+    from hf_spec.drafters.ngram import TrieNodes
+    from hf_spec.drafters.skip_policy import DrafterSkipPolicy, SkipCycle, trie_accepts
+
+    chain = TrieNodes(tokens=[5, 6, 7], parents=[-1, 0, 1], depths=[1, 2, 3], counts=[1, 1, 1])
+    assert trie_accepts(chain, [5, 6, 9]) == 2 and trie_accepts(chain, [9]) == 0 and trie_accepts(chain, [5, 6, 7]) == 3
+    assert trie_accepts(TrieNodes(), [5]) == 0
+    policy = DrafterSkipPolicy(min_drafted=2, explore_every=3, decay=1.0)
+    clock, drafting, choices = 0.0, 0.0, []
+    copied, fresh = (2, True), None  # a bucket where the trie predicts the text; one with no n-gram match at all
+    # 10 ms drafted cycles of which 4 ms draft: a skipped one is estimated at 6 ms until one is measured.
+    for committed, bucket in [([5, 6, 7, 8], copied), ([5, 6, 3], copied), ([4, 1, 2], fresh), ([4, 1, 9], fresh)] * 3:
+        skip = policy.should_skip(bucket)
+        choices.append(skip)
+        cycle = SkipCycle(bucket, chain if bucket == copied else TrieNodes(), skip, clock, drafting)
+        drafting += 0.0 if skip else 0.004
+        clock += 0.006 if skip else 0.010
+        policy.learn(cycle, committed, clock, drafting)
+    # copied: the drafter adds nothing (hybrid 3.5 tokens = trie alone 3.5), so skipping wins once 2 were drafted;
+    # the third skip decision drafts. fresh: the trie alone commits 1 token (the bonus), the hybrid 3.
+    assert choices == [False, False, False, False, True, True, False, False, False, True, False, False]
+    assert policy.skipped_seconds.count == 3 and policy.hybrid_tokens[copied].count == 3
+
+
+def test_skip_policy_is_kept_across_calls_per_shape():
+    """The learned skipping outlives a generate() call (one call is too short to learn from) and is kept
+    apart per tree shape."""
+    target = make_target("llama")
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_adaptive_skip_nodes=4)
+    prompt = target_text_prompt(target)
+    for _ in range(2):
+        target.generate(prompt, assistant_model=drafter, max_new_tokens=20, do_sample=False, **SHAPE)
+    (policy,) = drafter._skip_policies.values()
+    assert sum(mean.count for mean in policy.ngram_tokens.values()) > 20 * 2 / 8  # both calls' cycles
+    target.generate(prompt, assistant_model=drafter, max_new_tokens=4, do_sample=False, tree_depth=2)
+    assert len(drafter._skip_policies) == 2
