@@ -356,10 +356,20 @@ class NGramBranches:
         ``ngram_datastore_match_nodes``."""
         self.index = NGramIndex(min_match, max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
+        self._scanned: tuple[tuple[int, int], list[Continuation]] | None = None
 
     def extend(self, next_tokens: torch.Tensor) -> None:
         """Index newly committed tokens (one host read)."""
         self.index.extend(next_tokens.tolist())
+
+    def continuations(self, depth: int):
+        """An iterator over this cycle's continuations (:func:`continuations_with_datastore`, ``depth`` tokens
+        each), scanned once per cycle however many budgets and tries read them."""
+        key = (len(self.index.tokens), depth)
+        if self._scanned is None or self._scanned[0] != key:
+            found = continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences)
+            self._scanned = (key, list(found))
+        return iter(self._scanned[1])
 
     def copy_budget(self, depth: int) -> int:
         """Nodes to draft on this cycle if it is a copy, else 0. A copy: the context repeats its whole
@@ -368,8 +378,7 @@ class NGramBranches:
         budget, as corpus continuations branch more than a copied passage); with ``match_nodes`` (context) or
         ``datastore_match_nodes`` (datastore only), a match of ``match_min_length`` tokens or more is a match
         cycle (:func:`copy_budget`). A function of the committed text only."""
-        first = next(continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences), None)
-        return self._copy_budget(first)
+        return self._copy_budget(next(self.continuations(depth), None))
 
     def _copy_budget(self, first: Continuation | None) -> int:
         return copy_budget(first, self.index.max_match, self.copy_nodes, self.datastore_copy_nodes, self.match_nodes,
@@ -378,10 +387,19 @@ class NGramBranches:
     def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
         """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
         ``depth``, ``shape.top_k`` branches per node; every drafted node is marked ``from_ngram``."""
-        continuations = continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences)
+        continuations = self.continuations(depth)
         tree = trie_to_draft_tree(root_token, build_trie(continuations, num_nodes, depth, shape.top_k), device=device)
         tree.from_ngram = torch.arange(len(tree)) > 0
         return tree
+
+    def alone(self, num_nodes: int, depth: int, top_k: int) -> tuple[Continuation | None, TrieNodes]:
+        """The best continuation (None: no match) and the trie of up to ``num_nodes`` nodes that drafting the
+        n-gram candidates alone would draft this cycle (``depth`` deep, ``top_k`` children per node)."""
+        continuations = self.continuations(depth)
+        first = next(continuations, None)
+        if first is None:
+            return None, TrieNodes()
+        return first, build_trie(itertools.chain([first], continuations), num_nodes, depth, top_k)
 
     def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None) -> DraftTree:
         """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: branching, and depth unless
@@ -390,7 +408,7 @@ class NGramBranches:
         if branches <= 0:
             return tree
         depth = max(shape.depth, depth or 0)
-        continuations = continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences)
+        continuations = self.continuations(depth)
         first = next(continuations, None)
         if first is None:
             return tree
