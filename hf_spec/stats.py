@@ -36,7 +36,7 @@ class GenerationStats:
     cycle, whatever the number of rows). Seconds: ``target_forward_seconds`` (prefill +
     verification forwards), ``drafter_forward_seconds`` (drafter forwards), ``total_seconds``
     (the whole loop). ``drafter_skipped_cycles``: cycles whose tree held n-gram nodes only and ran no drafter
-    forward (copy cycles, match cycles, learned skips of ``ngram_adaptive_skip_nodes``). ``early_exits``: the early-exit drafter's own counters (None for the
+    forward (copy cycles and match cycles). ``early_exits``: the early-exit drafter's own counters (None for the
     other families), filled by its drafting session.
     """
 

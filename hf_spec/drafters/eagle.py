@@ -25,10 +25,9 @@ from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .layer_config import decoder_layer_config
-from .ngram import NGramBranches, trie_to_draft_tree
+from .ngram import NGramBranches
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
 from .session import DraftingSession, check_ngram_branches
-from .skip_policy import DrafterSkipPolicy, SkipCycle, bucket_of
 
 DECODER_LAYERS = {
     "llama": (LlamaDecoderLayer, LlamaRotaryEmbedding),
@@ -86,9 +85,6 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_datastore_match_nodes: the same for a best continuation found only in the datastore (0: off). Off
             in the shipped folders: there the drafter still adds 5-15% more accepted tokens, about what its
             forward costs, and skipping it lost on fresh prompts (zen4_bf16_session33/match_cycles_ab).
-        ngram_adaptive_skip_nodes: learn from the drafter's own cycles (across generate() calls) on which the
-            drafter forward pays for itself, and draft the n-gram trie alone (up to this many nodes) on the
-            others (:mod:`hf_spec.drafters.skip_policy`; 0: off). Copy and match cycles keep their own rules.
     """
 
     model_type = "hf_spec_eagle"
@@ -109,7 +105,6 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_match_nodes: int = 0,
         ngram_match_min_length: int = 2,
         ngram_datastore_match_nodes: int = 0,
-        ngram_adaptive_skip_nodes: int = 0,
         **kwargs,
     ):
         self.ngram_branches = check_ngram_branches(ngram_branches)
@@ -123,7 +118,6 @@ class EagleDrafterConfig(SpecDrafterConfig):
         self.ngram_match_min_length = ngram_match_min_length
         self.ngram_datastore_match_nodes = check_ngram_branches(ngram_datastore_match_nodes,
                                                                 "ngram_datastore_match_nodes")
-        self.ngram_adaptive_skip_nodes = check_ngram_branches(ngram_adaptive_skip_nodes, "ngram_adaptive_skip_nodes")
         if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
             raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
         self.ngram_depth = ngram_depth
@@ -185,7 +179,6 @@ class EagleDrafter(SpecDrafterModel):
         if config.router_num_groups:
             self._build_router(config.router_num_groups)
         self._grouped_head = None
-        self._skip_policies: dict[tuple, DrafterSkipPolicy] = {}
         self.post_init()
 
     # hf-spec:hub-begin -- EAGLE/HASS conversion needs hf_spec itself; left out of the remote code.
@@ -314,15 +307,6 @@ class EagleDrafter(SpecDrafterModel):
             past_key_values=past_key_values,
         )
 
-    def skip_policy(self, shape: TreeShape, do_sample: bool, ngram_branches: int) -> DrafterSkipPolicy:
-        """The learned drafter skipping (``ngram_adaptive_skip_nodes``) of this drafter's sessions that draft
-        ``shape`` trees with ``ngram_branches`` on its device and dtype; kept across generate() calls."""
-        key = (repr(shape), do_sample, ngram_branches, self.config.ngram_adaptive_skip_nodes, str(self.device),
-               self.dtype)  # fmt: skip
-        if key not in self._skip_policies:
-            self._skip_policies[key] = DrafterSkipPolicy()
-        return self._skip_policies[key]
-
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         return EagleDraftingSession(self, shape, do_sample, temperature, prompt_ids)
 
@@ -381,10 +365,6 @@ class EagleDraftingSession(DraftingSession):
         """Committed (features, tokens) of copy cycles that skipped the drafter, not yet in its cache."""
         self.skipped_cycles = 0
         """Cycles that drafted the n-gram trie alone (no drafter forward)."""
-        self.skip_policy: DrafterSkipPolicy | None = None
-        """The drafter's learned skipping (``ngram_adaptive_skip_nodes``) once n-gram drafting starts; None: off."""
-        self._skip_cycle: SkipCycle | None = None
-        self._committed_last = 0
 
     @property
     def supports_router(self) -> bool:
@@ -409,10 +389,7 @@ class EagleDraftingSession(DraftingSession):
                                         match_nodes=config.ngram_match_nodes,
                                         match_min_length=config.ngram_match_min_length,
                                         datastore_match_nodes=config.ngram_datastore_match_nodes)  # fmt: skip
-            if config.ngram_adaptive_skip_nodes:
-                self.skip_policy = self.drafter.skip_policy(self.shape, self.do_sample, self.ngram_branches)
         self._ngram.extend(next_tokens)
-        self._committed_last = len(next_tokens)
         return True
 
     def graft_ngram(self, tree: DraftTree) -> DraftTree:
@@ -432,8 +409,6 @@ class EagleDraftingSession(DraftingSession):
         later; else ``(None, features, next_tokens)`` with any kept pairs in front, for the drafter."""
         if self._index_ngrams(next_tokens):
             copy = self._copy_tree(next_tokens[-1])
-            if self.skip_policy is not None:
-                copy = self._adaptive_skip(copy)
             if copy is not None:  # the drafter reads these pairs with the next drafted cycle's
                 self._deferred.append((features, next_tokens))
                 self.skipped_cycles += 1
@@ -443,30 +418,6 @@ class EagleDraftingSession(DraftingSession):
             next_tokens = torch.cat([*(t for _, t in self._deferred), next_tokens])
             self._deferred = []
         return None, features, next_tokens
-
-    def _adaptive_skip(self, copy: DraftTree | None) -> DraftTree | None:
-        """With ``ngram_adaptive_skip_nodes``: let :attr:`skip_policy` learn from the last cycle and choose this
-        one's tree; ``copy`` on a copy or match cycle, the n-gram trie alone on a skipped cycle, else None."""
-        device = self.drafter.device
-        start = timing.clock(device)
-        last, self._skip_cycle = self._skip_cycle, None
-        if last is not None:  # what the last cycle committed: the newest indexed tokens (no host read)
-            committed = self._ngram.index.tokens[-self._committed_last:]
-            self.skip_policy.learn(last, committed, start, self.forward_seconds)
-        if copy is not None:
-            return copy
-        config = self.drafter.config
-        depth = max(self.shape.depth, config.ngram_depth or 0)
-        first, trie = self._ngram.alone(config.ngram_adaptive_skip_nodes, depth, self.shape.top_k)
-        bucket = bucket_of(first, self._ngram.index.max_match)
-        skip = self.skip_policy.should_skip(bucket)
-        tree = None
-        if skip:
-            tree = trie_to_draft_tree(int(self._ngram.index.tokens[-1]), trie, device=device)
-            tree.from_ngram = torch.arange(len(tree)) > 0
-        self.forward_seconds += timing.clock(device) - start
-        self._skip_cycle = SkipCycle(bucket, trie, skip, start, self.forward_seconds)
-        return tree
 
     def _copy_tree(self, root_token: torch.Tensor) -> DraftTree | None:
         """With ``ngram_copy_skips_drafter``, the n-gram trie alone on a copy cycle; else None."""

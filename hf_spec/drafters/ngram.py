@@ -392,15 +392,6 @@ class NGramBranches:
         tree.from_ngram = torch.arange(len(tree)) > 0
         return tree
 
-    def alone(self, num_nodes: int, depth: int, top_k: int) -> tuple[Continuation | None, TrieNodes]:
-        """The best continuation (None: no match) and the trie of up to ``num_nodes`` nodes that drafting the
-        n-gram candidates alone would draft this cycle (``depth`` deep, ``top_k`` children per node)."""
-        continuations = self.continuations(depth)
-        first = next(continuations, None)
-        if first is None:
-            return None, TrieNodes()
-        return first, build_trie(itertools.chain([first], continuations), num_nodes, depth, top_k)
-
     def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None) -> DraftTree:
         """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: branching, and depth unless
         ``depth`` reaches deeper); on a copy or match cycle (:meth:`copy_budget`) up to that cycle's budget if
