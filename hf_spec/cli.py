@@ -48,6 +48,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each data set")
     p.add_argument("--skip", type=int, default=0, help="leave out the first N prompts of each data set (held-out runs)")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="timed runs of each method per prompt, interleaved; the fastest is kept (cuts timing noise)")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help=DTYPE_HELP)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--tree-depth", type=int, default=None, help="hf_spec drafters: tree depth (default: the drafter's)")
@@ -73,7 +75,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     tree = {"tree_depth": args.tree_depth, "tree_top_k": args.tree_top_k, "tree_total_tokens": args.tree_total_tokens}
     methods = [parse_method(m, dtype, tokenizer, tree) for m in method_names]
     prompts = build_prompts(tokenizer, args.datasets, args.limit, args.skip)
-    settings = BenchSettings(max_new_tokens=args.max_new_tokens)
+    settings = BenchSettings(max_new_tokens=args.max_new_tokens, repeats=args.repeats)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     load_before = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     rows = run_benchmark(model, prompts, methods, settings, tokenizer)

@@ -104,10 +104,12 @@ def test_harness_end_to_end_on_tiny_models(tiny_models, tmp_path):
         name: [{"id": f"{name}/{i}", "input_ids": torch.randint(1, 128, (6,), generator=gen).tolist() * 3} for i in range(2)]
         for name in ("set_a", "set_b")
     }
-    settings = BenchSettings(max_new_tokens=12, warmup_tokens=4)
+    settings = BenchSettings(max_new_tokens=12, warmup_tokens=4, repeats=2)
     rows = run_benchmark(model, prompts, methods, settings)
     names = [m.name for m in methods]
     assert len(rows) == 2 * 2 * 4
+    # Two timed runs per method and prompt; a row keeps the fastest.
+    assert all(len(r["seconds_runs"]) == 2 and r["seconds"] == min(r["seconds_runs"]) for r in rows)
     summary = summarize(rows, names)
     assert set(summary) == {"set_a", "set_b", "all"}
     for method, s in summary["all"].items():
@@ -125,6 +127,8 @@ def test_harness_end_to_end_on_tiny_models(tiny_models, tmp_path):
     # ... and how many tree tokens each verification forward carried (the root counts; a tree can exceed τ's tokens).
     assert summary["all"][names[3]]["verified_per_cycle"] >= 1 and summary["all"]["plain"]["verified_per_cycle"] is None
 
+    with pytest.raises(ValueError, match="repeats"):
+        run_benchmark(model, prompts, methods, BenchSettings(repeats=0))
     metadata = run_metadata(settings, dtype, command="pytest", target="tiny", methods=names)
     paths = write_report(tmp_path / "out", metadata, summary, rows)
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths.values())
@@ -176,7 +180,8 @@ def test_unknown_method_is_a_clear_error():
 def test_cli_parses_bench_and_install_models():
     parser = build_parser()
     args = parser.parse_args(["bench", "--methods", "plain", "prompt_lookup", "--limit", "2", "--dtype", "float32"])
-    assert args.limit == 2 and args.max_new_tokens == 128 and args.dtype == "float32"
+    assert args.limit == 2 and args.max_new_tokens == 128 and args.dtype == "float32" and args.repeats == 1
+    assert parser.parse_args(["bench", "--methods", "plain", "--repeats", "3"]).repeats == 3
     args = parser.parse_args(["install-models", "--all"])
     assert args.all and args.names == []
 

@@ -80,7 +80,7 @@ class EagleDrafterConfig(SpecDrafterConfig):
             nodes (0: off; ``ngram_copy_skips_drafter`` applies, so such a cycle drafts the n-gram trie alone, as
             :class:`~hf_spec.drafters.ngram.NGramDrafter` would, and runs no drafter forward). Measured per
             cycle, the SmolLM2 drafters add no accepted tokens there beyond what an 8-node trie alone gets
-            (benchmarks/smollm2-drafters-that-pay/zen4_bf16_session34).
+            (benchmarks/smollm2-drafters-that-pay/zen4_bf16_session34/context_match).
         ngram_match_min_length: the shortest match that makes a match cycle (default 2).
         ngram_datastore_match_nodes: the same for a best continuation found only in the datastore (0: off). Off
             in the shipped folders: there the drafter still adds 5-15% more accepted tokens, about what its
