@@ -173,6 +173,7 @@ def drafter_stats(drafter) -> Callable[[], dict[str, Any]]:
             "target_forward_seconds": s.target_forward_seconds,
             "accepted_lengths": list(s.accepted_lengths),
             "accepted_from_ngram": s.accepted_from_ngram,
+            "drafter_skipped_cycles": s.drafter_skipped_cycles,
             "verified_tokens": sum(s.tree_sizes),
             "acceptance_by_position": [float(x) for x in s.acceptance_by_position()],
             **({"exit_counts": list(s.early_exits.exit_counts)} if s.early_exits is not None else {}),
