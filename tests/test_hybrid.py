@@ -406,5 +406,7 @@ def test_match_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind
         hf_spec.EagleDrafter.from_target(target, ngram_match_min_length=0)
     with pytest.raises(ValueError, match="ngram_match_nodes"):
         hf_spec.EagleDrafter.from_target(target, ngram_match_nodes=-1)
+    with pytest.raises(ValueError, match="ngram_datastore_match_nodes"):
+        hf_spec.EagleDrafter.from_target(target, ngram_datastore_match_nodes=-1)
 
 
