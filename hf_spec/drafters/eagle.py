@@ -422,9 +422,7 @@ class EagleDraftingSession(DraftingSession):
     def _copy_tree(self, root_token: torch.Tensor) -> DraftTree | None:
         """With ``ngram_copy_skips_drafter``, the n-gram trie alone on a copy cycle; else None."""
         config = self.drafter.config
-        if not (config.ngram_copy_skips_drafter
-                and (config.ngram_copy_nodes or config.ngram_datastore_copy_nodes or config.ngram_match_nodes
-                     or config.ngram_datastore_match_nodes)):
+        if not (config.ngram_copy_skips_drafter and self._ngram.has_cycle_budgets):
             return None
         start = timing.clock(self.drafter.device)
         depth = max(self.shape.depth, config.ngram_depth or 0)

@@ -371,6 +371,11 @@ class NGramBranches:
             self._scanned = (key, list(found))
         return iter(self._scanned[1])
 
+    @property
+    def has_cycle_budgets(self) -> bool:
+        """Whether any cycle can be a copy or match cycle: some budget of :func:`copy_budget` is set."""
+        return bool(self.copy_nodes or self.datastore_copy_nodes or self.match_nodes or self.datastore_match_nodes)
+
     def copy_budget(self, depth: int) -> int:
         """Nodes to draft on this cycle if it is a copy, else 0. A copy: the context repeats its whole
         ``max_match``-token suffix (the answer is copying earlier text; ``copy_nodes``), or, with
