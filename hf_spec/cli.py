@@ -52,10 +52,24 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                    help="timed runs of each method per prompt, interleaved; the fastest is kept (cuts timing noise)")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help=DTYPE_HELP)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu", help="torch device of the target and drafters, e.g. cuda (default: cpu)")
     p.add_argument("--tree-depth", type=int, default=None, help="hf_spec drafters: tree depth (default: the drafter's)")
     p.add_argument("--tree-top-k", type=int, default=None, help="hf_spec drafters: children per expanded node")
     p.add_argument("--tree-total-tokens", type=int, default=None, help="hf_spec drafters: draft tokens verified")
     p.add_argument("--output-dir", default=None, help="default: results/<target>-<UTC time>")
+
+
+def _torch_device(name: str):
+    """``--device`` as a ``torch.device``, or a clear exit when the string is no device or the device is absent."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SystemExit(f"--device {name!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: this machine has no CUDA GPU that torch can use; run with --device cpu")
+    return device
 
 
 def _run_bench(args: argparse.Namespace) -> int:
@@ -63,17 +77,19 @@ def _run_bench(args: argparse.Namespace) -> int:
     from .bench.report import write_report
     from .hardware import resolve_dtype
 
-    dtype = resolve_dtype(args.dtype)
-    if args.threads:
-        import torch
+    import torch
 
+    device = _torch_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.threads:
         torch.set_num_threads(args.threads)
     method_names = list(dict.fromkeys(["plain", *args.methods]))
     model, tokenizer = load_model(args.target, dtype)
+    model = model.to(device)
     if tokenizer is None:
         raise SystemExit(f"{args.target} has no tokenizer; the bench command needs one to render prompts")
     tree = {"tree_depth": args.tree_depth, "tree_top_k": args.tree_top_k, "tree_total_tokens": args.tree_total_tokens}
-    methods = [parse_method(m, dtype, tokenizer, tree) for m in method_names]
+    methods = [parse_method(m, dtype, tokenizer, tree, device) for m in method_names]
     prompts = build_prompts(tokenizer, args.datasets, args.limit, args.skip)
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, repeats=args.repeats)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -81,7 +97,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     rows = run_benchmark(model, prompts, methods, settings, tokenizer)
     summary = summarize(rows, method_names)
     metadata = run_metadata(
-        settings, dtype, command=shlex.join(["hf-spec", *args.argv]), target=args.target, methods=method_names, datasets=args.datasets, limit=args.limit, skip=args.skip,
+        settings, dtype, command=shlex.join(["hf-spec", *args.argv]), device=device, target=args.target, methods=method_names, datasets=args.datasets, limit=args.limit, skip=args.skip,
         method_info={m.name: m.info for m in methods}, started=started, load_average_before=load_before,
     )
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -147,7 +163,7 @@ def _run_tune(args: argparse.Namespace) -> int:
     import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
     from transformers import AutoModel
 
-    device = torch.device(args.device)
+    device = _torch_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     args.dtype = dtype_name(dtype)
     if args.threads:

@@ -174,6 +174,20 @@ def test_exit_suffix_runs_a_sorted_drafter_as_one_fixed_submodel(tiny_models, tm
     assert both.generate_kwargs["tree_depth"] == 3 and both.generate_kwargs["tree_min_prob"] == 0.4  # per method wins
 
 
+@pytest.mark.cuda
+def test_harness_runs_every_method_on_the_gpu(tiny_models):
+    # --device cuda: target, drafter and assistant on the GPU, prompts moved there; greedy fp32 still equals plain.
+    dtype, device = torch.float32, torch.device("cuda")
+    model = load_model(str(tiny_models / "target"), dtype)[0].to(device)
+    specs = ("plain", "prompt_lookup:3", f"assisted:{tiny_models / 'assistant'}", f"hf_spec:{tiny_models / 'drafter'}",
+             "hf_spec:ngram")  # fmt: skip
+    methods = [parse_method(m, dtype, device=device) for m in specs]
+    prompts = {"set": [{"id": "set/0", "input_ids": list(range(1, 7)) * 3}]}
+    rows = run_benchmark(model, prompts, methods, BenchSettings(max_new_tokens=12, warmup_tokens=4))
+    assert [r["identical_to_plain"] for r in rows] == [True] * len(specs)
+    assert run_metadata(BenchSettings(), dtype, device=device)["machine"]["gpu"]
+
+
 def test_unknown_method_is_a_clear_error():
     with pytest.raises(ValueError, match="Unknown method 'medusa'"):
         parse_method("medusa")
@@ -184,8 +198,20 @@ def test_cli_parses_bench_and_install_models():
     args = parser.parse_args(["bench", "--methods", "plain", "prompt_lookup", "--limit", "2", "--dtype", "float32"])
     assert args.limit == 2 and args.max_new_tokens == 128 and args.dtype == "float32" and args.repeats == 1
     assert parser.parse_args(["bench", "--methods", "plain", "--repeats", "3"]).repeats == 3
+    assert args.device == "cpu" and parser.parse_args(["bench", "--device", "cuda"]).device == "cuda"
     args = parser.parse_args(["install-models", "--all"])
     assert args.all and args.names == []
+
+
+def test_bench_device_that_is_absent_or_misspelt_is_a_clear_error(monkeypatch):
+    from hf_spec.cli import _torch_device
+
+    assert _torch_device("cpu") == torch.device("cpu")
+    with pytest.raises(SystemExit, match="not a torch device"):
+        _torch_device("gpu0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no CUDA GPU.*--device cpu"):
+        _torch_device("cuda")
 
 
 def test_skip_leaves_out_the_first_prompts_of_each_set():

@@ -47,6 +47,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..hardware import DTYPE_NAMES, dtype_name
+from ..timing import clock
 
 __all__ = [
     "BenchSettings",
@@ -183,7 +184,7 @@ def drafter_stats(drafter) -> Callable[[], dict[str, Any]]:
     return stats
 
 
-def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None = None) -> Method:
+def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None = None, device=None) -> Method:
     import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
     from transformers import AutoModel
 
@@ -198,6 +199,8 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
         drafter, ngram_options = _ngram_drafter(path, name)
     else:
         drafter = AutoModel.from_pretrained(path, dtype=dtype).eval()
+    if device is not None:
+        drafter = drafter.to(device)
     if "no_datastore" in options_text:
         drafter.ngram_datastore = None
     if "fixed_shape" in options_text:  # the configured tree, not the run-time choice among shape candidates
@@ -231,11 +234,13 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
     return Method(name, {"assistant_model": drafter, **tree, **options}, stats, info)
 
 
-def parse_method(spec: str, dtype: torch.dtype = torch.bfloat16, tokenizer=None, tree: dict | None = None) -> Method:
+def parse_method(spec: str, dtype: torch.dtype = torch.bfloat16, tokenizer=None, tree: dict | None = None,
+                 device=None) -> Method:
     """Build a :class:`Method` from its command-line spelling (see the module docstring).
 
     ``tree``: ``tree_depth`` / ``tree_top_k`` / ``tree_total_tokens`` for hf_spec drafters
-    (None values keep the drafter's own defaults).
+    (None values keep the drafter's own defaults); ``device``: where drafters and assistants
+    go (the target's device; None leaves them on the CPU).
     """
     kind, _, arg = spec.partition(":")
     if kind == "plain" and not arg:
@@ -245,6 +250,8 @@ def parse_method(spec: str, dtype: torch.dtype = torch.bfloat16, tokenizer=None,
         return Method(spec, {"prompt_lookup_num_tokens": n}, info={"prompt_lookup_num_tokens": n})
     if kind == "assisted" and arg:
         assistant, assistant_tokenizer = load_model(arg, dtype)
+        if device is not None:
+            assistant = assistant.to(device)
         if tokenizer is not None and assistant_tokenizer is not None:
             if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
                 raise ValueError(f"assistant {arg!r} does not share the target's tokenizer")
@@ -257,7 +264,7 @@ def parse_method(spec: str, dtype: torch.dtype = torch.bfloat16, tokenizer=None,
         }
         return Method(spec, {"assistant_model": assistant}, info=info)
     if kind == "hf_spec" and arg:
-        return _hf_spec_method(arg, dtype, spec, tree)
+        return _hf_spec_method(arg, dtype, spec, tree, device)
     raise ValueError(
         f"Unknown method {spec!r}; use plain, prompt_lookup[:N], assisted:<model>, hf_spec:<drafter path> or hf_spec:ngram[:key=N]"
     )
@@ -306,7 +313,8 @@ def run_benchmark(
     ``methods`` must include ``plain`` (the reference for speedup and token identity).
     Each method first gets one warm-up generation (``settings.warmup_tokens`` tokens) on
     the first prompt. Within a prompt the method order rotates, so slow drift of the
-    machine hits every method alike.
+    machine hits every method alike. Prompts go to the target's device; on a GPU each timing
+    waits for the device's queue (:func:`hf_spec.timing.clock`).
     """
     if not any(m.name == "plain" for m in methods):
         raise ValueError("methods must include 'plain', the reference for speedup and identity")
@@ -317,22 +325,23 @@ def run_benchmark(
     rows: list[dict] = []
     try:
         first = next(p for ps in prompts.values() for p in ps)
-        warm = torch.tensor([first["input_ids"]])
+        device = next(model.parameters()).device
+        warm = torch.tensor([first["input_ids"]], device=device)
         for method in methods:
             _generate(model, warm, method, settings.warmup_tokens)
 
         jobs = [(ds, p) for ds, ps in prompts.items() for p in ps]
         bar = tqdm(total=len(jobs) * len(methods) * settings.repeats, desc="bench", unit="gen")
         for i, (dataset, prompt) in enumerate(jobs):
-            input_ids = torch.tensor([prompt["input_ids"]])
+            input_ids = torch.tensor([prompt["input_ids"]], device=device)
             order = methods[i % len(methods) :] + methods[: i % len(methods)]
             outputs, timed = {}, {}
             runs = [(r, method) for r in range(settings.repeats) for method in (order if r % 2 == 0 else order[::-1])]
             for round_, method in runs:
                 counter.reset()
-                start = time.perf_counter()
+                start = clock(device)
                 out = _generate(model, input_ids, method, settings.max_new_tokens)
-                seconds = time.perf_counter() - start
+                seconds = clock(device) - start
                 bar.update()
                 if round_:  # a timing repeat of the same greedy generation
                     row = timed[method.name]
@@ -440,8 +449,8 @@ def _median_paired_speedup(rows: list[dict], dataset: str, method: str) -> float
     return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
-def machine_info(dtype: torch.dtype) -> dict[str, Any]:
-    """CPU model, core count, library versions and dtype, for the results file."""
+def machine_info(dtype: torch.dtype, device=None) -> dict[str, Any]:
+    """CPU model, core count, library versions, dtype and the device (its GPU's name on CUDA), for the results file."""
     import transformers
 
     cpu = platform.processor() or ""
@@ -461,15 +470,18 @@ def machine_info(dtype: torch.dtype) -> dict[str, Any]:
         "cuda": torch.cuda.is_available(),
         "load_average_1_5_15min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "dtype": dtype_name(dtype),
+        "device": str(device or "cpu"),
+        **({"gpu": torch.cuda.get_device_name(device)} if device is not None and torch.device(device).type == "cuda" else {}),
     }
 
 
-def run_metadata(settings: BenchSettings, dtype: torch.dtype, command: str | None = None, **extra) -> dict[str, Any]:
+def run_metadata(settings: BenchSettings, dtype: torch.dtype, command: str | None = None, device=None,
+                 **extra) -> dict[str, Any]:
     """Command line, date (when this is called: the end of a run), machine and settings."""
     return {
         "command": command or shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_info(dtype),
+        "machine": machine_info(dtype, device),
         "settings": {"max_new_tokens": settings.max_new_tokens, "warmup_tokens": settings.warmup_tokens,
                      "repeats": settings.repeats, "do_sample": False, **extra},
     }
