@@ -9,7 +9,8 @@ them at run time with the machine's measured verification and drafting costs.
 NAME alone is the shipped folder drafters/smollm2-135m-instruct-NAME; NAME=PATH measures another folder (e.g. a
 retrained drafter before it replaces the shipped one). The target runs in ``DTYPE`` (environment; default
 ``auto``: bf16 where this CPU computes it natively, else float32); ``SKIP`` (environment, default 3) measures
-prompts SKIP..SKIP+2 of each set instead (more held-aside prompts: 12 gives 12..14, used in session 32).
+prompts SKIP..SKIP+2 of each set instead (more held-aside prompts: 12 gives 12..14, used in session 32); ``N``
+(default 3) prompts per set (session 35: ``SKIP=33 N=5``, prompts 33..37).
 """
 import os
 import json, sys, time
@@ -44,12 +45,12 @@ from hf_spec.hardware import dtype_name, resolve_dtype
 
 dtype = resolve_dtype(os.environ.get("DTYPE", "auto"))
 target, tok = load_model("smollm2-135m-instruct", dtype=dtype)
-skip = int(os.environ.get("SKIP", 3))
-prompts = bench_prompt_ids(tok, 3, skip=skip)
+skip, n = int(os.environ.get("SKIP", 3)), int(os.environ.get("N", 3))
+prompts = bench_prompt_ids(tok, n, skip=skip)
 try:
     out = json.load(open(out_path))
 except FileNotFoundError:
-    out = {"command": "python " + " ".join(sys.argv), "prompts": f"{skip}..{skip + 2} of mt_bench, humaneval, gsm8k", "dtype": dtype_name(dtype),
+    out = {"command": "python " + " ".join(sys.argv), "prompts": f"{skip}..{skip + n - 1} of mt_bench, humaneval, gsm8k", "dtype": dtype_name(dtype),
            "max_new_tokens": 128, "drafters": {}}
 for name in drafters:
     name, _, path = name.partition("=")
