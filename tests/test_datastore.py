@@ -45,6 +45,24 @@ def test_occurrences_are_spread_over_the_corpus_when_capped():
     assert len(found) == 10 and found.count(3) == 9 and found.count(4) == 1  # frequencies kept
 
 
+def test_context_continuations_outrank_a_corpus_that_repeats_more_at_the_same_match_length():
+    """At equal match length the text being written comes first, even where the corpus repeats its own phrase more
+    often (an edit copies the function in its prompt, not a common idiom); a longer corpus match still wins."""
+    from hf_spec.drafters.ngram import NGramIndex, build_trie, continuations_with_datastore
+
+    context = [8, 2, 3, 4, 5, 5, 9, 2, 3, 4]  # its longest earlier match: the 3 tokens 2 3 4, followed by 5
+
+    def best_root(documents):
+        index = NGramIndex(1, 4)
+        index.extend(context)
+        store = NGramDatastore.from_documents(documents, min_match=1, max_match=4)
+        trie = build_trie(continuations_with_datastore(index, store, 2, 16), num_nodes=4, max_depth=2, max_branches=4)
+        return trie.tokens[trie.ranks.index(0)]
+
+    assert best_root([[1, 2, 3, 4, 7, 7], [1, 2, 3, 4, 7, 8]]) == 5  # 2 3 4 -> 7 twice in the corpus, once 5 here
+    assert best_root([[9, 2, 3, 4, 7, 7]]) == 7  # the corpus matches all 4 suffix tokens
+
+
 def corpus_case(family="llama"):
     """A target, a short prompt, and a datastore holding the target's own greedy text from that prompt."""
     target = make_target(family)

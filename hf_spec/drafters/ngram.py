@@ -14,8 +14,10 @@ tokens, so a cycle's cost does not grow with the context.
 
 Ranking (:func:`find_continuations`, :func:`build_trie`): occurrences of the longest matching
 suffix come first, shorter matches only fill the remaining budget. A trie node's priority is
-(longest match length through it, occurrences of that length through it, most recent such
-occurrence, shallower first); a child never outranks its parent, and the best
+(longest match length through it, context occurrences of that length through it, all occurrences
+of that length through it, most recent such occurrence, shallower first): at equal match length
+the text being written outranks a datastore's corpus, however often the corpus repeats a
+phrase (an edit copies the function in its prompt, not a common idiom); a child never outranks its parent, and the best
 ``num_draft_tokens`` nodes (at most ``max_branches`` children per node, ``max_depth`` deep)
 form the draft tree. No match: the tree is the root alone, and the cycle is one plain
 decoding step. These functions take plain token lists, not a session, so the same trie can
@@ -162,9 +164,10 @@ def build_trie(continuations, num_nodes: int, max_depth: int, max_branches: int)
     its ``num_nodes`` best nodes, at most ``max_branches`` children per node and ``max_depth``
     deep (see the module docstring for the ranking). Shorter matches are read only while the
     trie has fewer than ``num_nodes`` nodes."""
-    # Full trie; per node: token, parent, depth, best match length, count at it, recency, total count.
+    # Full trie; per node: token, parent, depth, best match length, count at it (and of context occurrences,
+    # position >= 0), recency, total count.
     token_of, parent_of, depth_of = [], [], []
-    best_len, best_count, recency, total = [], [], [], []
+    best_len, best_count, context_count, recency, total = [], [], [], [], []
     children: list[dict[int, int]] = [{}]  # children[0] is the root's; node i's are children[i + 1]
     occurrences, last_match = 0, None
     for cont in continuations:
@@ -179,13 +182,15 @@ def build_trie(continuations, num_nodes: int, max_depth: int, max_branches: int)
                 children[node + 1][token] = child
                 children.append({})
                 token_of.append(token), parent_of.append(node), depth_of.append(depth)
-                best_len.append(cont.match_length), best_count.append(0), recency.append(cont.position)
-                total.append(0)
+                best_len.append(cont.match_length), best_count.append(0), context_count.append(0)
+                recency.append(cont.position), total.append(0)
             if cont.match_length == best_len[child]:  # continuations arrive longest match first
                 best_count[child] += 1
+                context_count[child] += cont.position >= 0
             total[child] += 1
             node = child
-    order = sorted(range(len(token_of)), key=lambda i: (-best_len[i], -best_count[i], -recency[i], depth_of[i]))
+    order = sorted(range(len(token_of)),
+                   key=lambda i: (-best_len[i], -context_count[i], -best_count[i], -recency[i], depth_of[i]))
     kept: dict[int, int] = {}  # full-trie node -> rank
     branches = {-1: 0}
     for i in order:
