@@ -385,6 +385,31 @@ def test_copy_budget_tells_copy_match_and_plain_cycles_apart():
     assert budget(3, match=0) == 0 and budget(4, match=0) == 24 and copy_budget(None, 4, 24, 0, 8, 2, 8) == 0
 
 
+def test_ngram_max_match_sets_the_suffix_a_copy_must_repeat(monkeypatch):
+    """ngram_max_match: the hybrid's n-gram index matches suffixes up to that long, so a copy cycle needs that many
+    repeated tokens (a 4-token repeat is a copy at 4, a match cycle at 6); greedy output still equals plain."""
+    from hf_spec.drafters.ngram import NGramBranches
+
+    context = torch.tensor([[7, 1, 2, 3, 4, 9, 8, 8, 1, 2, 3, 4]])  # the suffix 1 2 3 4 repeats, 9 1 2 3 4 does not
+    for max_match, expected_budget in ((4, 24), (6, 8)):
+        branches = NGramBranches(context[:, :1], max_match=max_match, copy_nodes=24, match_nodes=8)
+        branches.extend(context[0, 1:])
+        assert branches.copy_budget(depth=4) == expected_budget
+    target = make_target("llama")
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    import hf_spec.drafters.eagle as eagle_module
+
+    made = []
+    monkeypatch.setattr(eagle_module, "NGramBranches", lambda *a, **kw: made.append(kw) or NGramBranches(*a, **kw))
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_copy_nodes=8, ngram_max_match=6)
+    assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=40, tree_depth=2, tree_top_k=2,
+                                       tree_total_tokens=2), expected)  # fmt: skip
+    assert [kw["max_match"] for kw in made] == [6]
+    with pytest.raises(ValueError, match="ngram_max_match"):
+        hf_spec.EagleDrafter.from_target(target, ngram_max_match=0)
+
+
 @pytest.mark.parametrize("kind", ["eagle", "parallel"])
 def test_match_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind, monkeypatch):
     """ngram_match_nodes with ngram_copy_skips_drafter: a cycle whose context matches >= ngram_match_min_length

@@ -61,7 +61,9 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_depth: deepest grafted n-gram node (None: the drafter tree's depth). N-gram
             continuations cost no drafter forward, only verification rows, so they may reach
             deeper than the drafter's own (tuned, often shallow) tree.
-        ngram_copy_nodes: on a cycle whose context repeats the whole ``max_match``-token
+        ngram_max_match: the longest context suffix the n-gram index matches (default 4). Continuations of longer
+            matches rank first, and a match of the whole ``ngram_max_match`` tokens makes a copy cycle.
+        ngram_copy_nodes: on a cycle whose context repeats the whole ``ngram_max_match``-token
             suffix (4 tokens: the text is being copied, e.g. an edit of code in the prompt), up to
             this many n-gram nodes are grafted instead of ``ngram_branches`` (0: no such boost),
             so copies get the long chains prompt lookup would draft while other cycles stay cheap.
@@ -99,6 +101,7 @@ class EagleDrafterConfig(SpecDrafterConfig):
         use_router: bool = True,
         ngram_branches: int = 0,
         ngram_depth: int | None = None,
+        ngram_max_match: int = 4,
         ngram_copy_nodes: int = 0,
         ngram_copy_skips_drafter: bool = False,
         ngram_datastore_copy_nodes: int = 0,
@@ -108,6 +111,9 @@ class EagleDrafterConfig(SpecDrafterConfig):
         **kwargs,
     ):
         self.ngram_branches = check_ngram_branches(ngram_branches)
+        if not isinstance(ngram_max_match, int) or ngram_max_match < 1:
+            raise ValueError(f"ngram_max_match must be a positive integer (suffix tokens), got {ngram_max_match!r}.")
+        self.ngram_max_match = ngram_max_match
         self.ngram_copy_nodes = check_ngram_branches(ngram_copy_nodes, "ngram_copy_nodes")
         self.ngram_copy_skips_drafter = bool(ngram_copy_skips_drafter)
         self.ngram_datastore_copy_nodes = check_ngram_branches(ngram_datastore_copy_nodes, "ngram_datastore_copy_nodes")
@@ -383,7 +389,8 @@ class EagleDraftingSession(DraftingSession):
             if self.prompt_ids is None:
                 raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
             config = self.drafter.config
-            self._ngram = NGramBranches(self.prompt_ids, datastore=self.drafter.ngram_datastore,
+            self._ngram = NGramBranches(self.prompt_ids, max_match=config.ngram_max_match,
+                                        datastore=self.drafter.ngram_datastore,
                                         copy_nodes=config.ngram_copy_nodes,
                                         datastore_copy_nodes=config.ngram_datastore_copy_nodes,
                                         match_nodes=config.ngram_match_nodes,
