@@ -1,4 +1,4 @@
-"""Markdown tables of one record folder's runs (first3 / first3_repeats3 (`--repeats 3`) / heldout6 / heldout9 / heldout15 / heldout20 / code_edit, each an `hf-spec bench`
+"""Markdown tables of one record folder's runs (first3 / first3_repeats3 (`--repeats 3`) / heldout6 / heldout9 / heldout15 / heldout20 / fresh64 / code_edit, each an `hf-spec bench`
 output dir): τ, speedup over plain and over transformers' prompt lookup (same run) per method, then per data set
 over prompt lookup with geometric means.
 
@@ -9,7 +9,8 @@ import math
 import os
 import sys
 
-SETS = {"first3": "first 3", "first3_repeats3": "first 3 best of 3", "heldout6": "6..8", "heldout9": "9..11", "heldout15": "15..19", "heldout20": "20..29", "code_edit": "code edit"}
+SETS = {"first3": "first 3", "first3_repeats3": "first 3 best of 3", "heldout6": "6..8", "heldout9": "9..11", "heldout15": "15..19", "heldout20": "20..29", "fresh64": "64..69", "code_edit": "code edit"}
+HELD_OUT = ("heldout", "fresh")  # run folders of prompts never used to tune or choose
 
 
 def label(method: str) -> str:
@@ -44,7 +45,8 @@ def main(folder: str) -> None:
                 cells += [f"{a[m]['tau']:.2f}", f"{a[m]['speedup']:.2f}×",
                           "" if m == "prompt_lookup" else f"{a[m]['speedup'] / pl:.2f}×"]  # fmt: skip
         print(f"| {label(m)} | " + " | ".join(cells) + " |")
-    cols = [(k, ds) for k in ("first3", "first3_repeats3", "heldout6", "heldout9", "heldout15", "heldout20") if k in runs for ds in ("mt_bench", "humaneval", "gsm8k")]
+    cols = [(k, ds) for k in SETS if k in runs and k != "code_edit"
+            for ds in ("mt_bench", "humaneval", "gsm8k", "code_edit") if ds in runs[k]["summary"]]
     cols += [("code_edit", "all")] if "code_edit" in runs else []
     print("\nPer data set, × plain / × prompt lookup (same run); geometric means over the held-out cells and all:")
     print("| method | " + " | ".join(f"{SETS[k]} {'' if ds == 'all' else ds}".strip() for k, ds in cols)
@@ -54,7 +56,7 @@ def main(folder: str) -> None:
         plain = [runs[k]["summary"][ds][m]["speedup"] for k, ds in cols]
         pl = [runs[k]["summary"][ds]["prompt_lookup"]["speedup"] for k, ds in cols]
         ratios = [a / b for a, b in zip(plain, pl)]
-        held = [i for i, (k, _) in enumerate(cols) if k.startswith("heldout")]
+        held = [i for i, (k, _) in enumerate(cols) if k.startswith(HELD_OUT)]
         print(f"| {label(m)} | " + " | ".join(f"{a:.2f} / {r:.2f}" for a, r in zip(plain, ratios))
               + f" | {geo([plain[i] for i in held]):.2f} / {geo([ratios[i] for i in held]):.2f}"
               + f" | {geo(plain):.2f} / {geo(ratios):.2f} |")  # fmt: skip
