@@ -1,5 +1,5 @@
-"""The policies compared in this folder's README: transformers' prompt lookup, NGramDrafter's defaults before and
-after session 35, and the variants around them, replayed (sim.py) on plain greedy outputs.
+"""The policies compared in this folder's README: transformers' prompt lookup, NGramDrafter's default
+and the variants around it (with the library as checked out), replayed (sim.py) on plain greedy outputs.
 
     python benchmarks/ngram_policy/sweep.py benchmarks/ngram_policy/plain40.json
 """
@@ -17,7 +17,7 @@ store = find_datastore("drafters/smollm2-135m-instruct-eagle")
 policies = {"prompt lookup": ("pl", pl_policy()),
             "context only (max_match 4)": ("ngram", ngram_policy(max_match=4)),
             "context only, max_match 6, copy 24": ("ngram", ngram_policy(max_match=6, copy_nodes=24)),
-            "+ datastore (session 34 default)": ("ngram", ngram_policy(max_match=4, datastore=store))}
+            "+ datastore (the default)": ("ngram", ngram_policy(max_match=4, datastore=store))}
 for nodes, depth in [(6, 6), (12, 8), (12, 12)]:
     policies[f"+ datastore, {nodes} nodes depth {depth}"] = ("ngram", ngram_policy(max_match=4, nodes=nodes, depth=depth, datastore=store))
 policies["+ datastore, 1 branch (a chain)"] = ("ngram", ngram_policy(max_match=4, branches=1, datastore=store))
