@@ -3,7 +3,7 @@
 
     python ab_folders.py SKIP LIMIT ARM...
 
-ARM: name=<drafter folder> | name=ngram:<datastore folder>[:key=value,...] (NGramDrafter kwargs) | pl.
+ARM: name=<drafter folder> | name=ngram:<datastore folder or none>[:key=value,...] (NGramDrafter kwargs) | pl.
 DATASETS (environment): default "mt_bench humaneval gsm8k code_edit". Prints per prompt tokens/s, then per data
 set each arm's geometric mean of tokens/s over the first arm's, τ and verified nodes per cycle, and the shape
 each folder chose on this machine.
@@ -31,7 +31,7 @@ for spec in sys.argv[3:]:
     elif what.startswith("ngram:"):
         folder, _, options = what[len("ngram:"):].partition(":")
         kw = {k: int(v) for k, v in (kv.split("=") for kv in options.split(",") if kv)}
-        arms.append((name, hf_spec.NGramDrafter(datastore=find_datastore(folder), **kw)))
+        arms.append((name, hf_spec.NGramDrafter(datastore=None if folder == "none" else find_datastore(folder), **kw)))
     else:
         arms.append((name, AutoModel.from_pretrained(what).eval()))
 prompts = build_prompts(tok, datasets, limit=limit, skip=skip)
