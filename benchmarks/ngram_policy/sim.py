@@ -4,22 +4,25 @@ Under greedy decoding a draft changes only how many target forwards the same tex
 longest drafted path that agrees with the target's greedy continuation, plus one token. So, given the plain
 greedy output of a prompt (gen_plain.py), replaying the committed text cycle by cycle gives every policy's
 tokens per cycle (τ) and verified nodes per cycle exactly (fp32; in bf16 the tree's verification can round
-near-ties differently, a small drift). Policies: transformers' prompt lookup (its algorithm: the earliest
-occurrence of the last 2-gram, else 1-gram, 10 tokens) and hf-spec's NGramDrafter (its own index, datastore
-and trie code) with any options. Speed comes from a measured verification cost curve t(n) (ms per target
+near-ties differently, a small drift). Policies: transformers' prompt lookup (its own candidate generator: the
+earliest occurrence of the last 2-gram, else 1-gram, 10 tokens) and hf-spec's NGramDrafter (its own drafting
+session, fed each cycle's committed tokens as generate() feeds it) with any options. Speed comes from a measured verification cost curve t(n) (ms per target
 forward of n tokens) plus a fixed loop cost per cycle: predicted ms per token = sum(cycle costs) / tokens.
 
     python benchmarks/ngram_policy/sim.py PLAIN.json [PLAIN2.json ...]
 """
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import sys
 from collections import defaultdict
 
-from hf_spec.drafters.ngram import NGramIndex, build_trie, continuations_with_datastore
+import torch
+from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+import hf_spec
+from hf_spec.shape_select import interpolate_cost
 
 # SmolLM2-135M bf16, 2 threads, this Zen 4 (hf_spec shape-cost profile, session 32): ms per forward of n tokens
 VERIFY_MS = {1: 34.5, 2: 36.8, 4: 39.1, 8: 42.3, 16: 49.4, 32: 63.2, 64: 95.7}
@@ -27,92 +30,72 @@ LOOP_MS = {"plain": 4.0, "pl": 5.0, "ngram": 5.0}
 
 
 def verify_ms(n: int) -> float:
-    points = sorted(VERIFY_MS.items())
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if n <= x1:
-            return y0 + (y1 - y0) * (max(n, x0) - x0) / (x1 - x0)
-    return points[-1][1]
+    return interpolate_cost(VERIFY_MS, n)
 
 
-def accepted_in_trie(trie, target: list[int]) -> int:
-    """Longest trie path (from the root) that equals a prefix of ``target``."""
+def accepted_length(tree, target: list[int]) -> int:
+    """Longest root-to-node path of a :class:`~hf_spec.tree.tree.DraftTree` (root excluded) that equals a prefix
+    of ``target``."""
     children = defaultdict(dict)
-    for i, (tok, parent) in enumerate(zip(trie.tokens, trie.parents)):
-        children[parent][tok] = i
-    node, n = -1, 0
-    for tok in target:
-        node = children[node].get(tok)
+    for i, (token, parent) in enumerate(zip(tree.tokens.tolist(), tree.parents.tolist())):
+        if i:
+            children[parent][token] = i
+    node, n = 0, 0
+    for token in target:
+        node = children[node].get(token)
         if node is None:
             break
         n += 1
     return n
 
 
-def prompt_lookup_draft(ctx: list[int], num_tokens: int = 10, max_ngram: int = 2) -> list[int]:
-    """transformers' PromptLookupCandidateGenerator: earliest occurrence of the longest suffix n-gram (n <= 2)."""
-    length = len(ctx)
-    for n in range(min(max_ngram, length - 1), 0, -1):
-        suffix = ctx[-n:]
-        for idx in range(0, length - n + 1):
-            if ctx[idx : idx + n] == suffix:
-                start = idx + n
-                if start < length:
-                    return ctx[start : min(start + num_tokens, length)]
-    return []
-
-
-def replay(prompt: list[int], output: list[int], draft) -> list[tuple[int, int]]:
-    """[(tokens committed, tree nodes verified incl. the root)] per cycle; the prefill's first token is not a cycle."""
-    ctx = list(prompt) + output[:1]
+def replay(prompt: list[int], output: list[int], policy) -> list[tuple[int, int]]:
+    """[(tokens committed, tree nodes verified incl. the root)] per cycle; the prefill's first token is not a cycle.
+    ``policy(prompt)`` starts a prompt and returns ``draft(context, committed)``, which gives a chain (list of
+    tokens) or a DraftTree under the last context token."""
+    ctx, committed = list(prompt) + output[:1], list(prompt[1:]) + output[:1]
+    draft = policy(prompt)
     i, cycles = 1, []
-    state = draft("start", ctx)
     while i < len(output):
-        proposal = draft("propose", ctx, state)
+        proposal = draft(ctx, committed)
         target = output[i:]
         if isinstance(proposal, list):  # a chain
             a = next((k for k, (x, y) in enumerate(zip(proposal, target)) if x != y), min(len(proposal), len(target)))
             nodes = len(proposal) + 1
         else:
-            a, nodes = accepted_in_trie(proposal, target), len(proposal) + 1
+            a, nodes = accepted_length(proposal, target), proposal.tokens.numel()
         a = min(a, len(target) - 1)
-        commit = output[i : i + a + 1]
-        cycles.append((len(commit), nodes))
-        ctx += commit
-        i += len(commit)
-        draft("extend", commit, state)
+        committed = output[i : i + a + 1]
+        cycles.append((len(committed), nodes))
+        ctx += committed
+        i += len(committed)
     return cycles
 
 
 def pl_policy(num_tokens=10, max_ngram=2):
-    def draft(op, arg, state=None):
-        if op == "propose":
-            return prompt_lookup_draft(arg, num_tokens, max_ngram)
-        return None
+    """transformers' own prompt-lookup candidate generator (earliest occurrence of the last 2-gram, else 1-gram)."""
+    generator = PromptLookupCandidateGenerator(num_output_tokens=num_tokens, max_matching_ngram_size=max_ngram,
+                                               max_length=1 << 30)  # fmt: skip
 
-    return draft
+    def draft(ctx, committed):
+        ids = torch.tensor([ctx])
+        candidates, _ = generator.get_candidates(ids)
+        return candidates[0, ids.shape[1]:].tolist()
+
+    return lambda prompt: draft
 
 
-def ngram_policy(nodes=8, depth=8, branches=4, max_match=4, min_match=1, occurrences=16, datastore=None,
-                 trie_builder=build_trie, copy_nodes=0, copy_depth=None):
-    def draft(op, arg, state=None):
-        if op == "start":
-            index = NGramIndex(min_match, max_match)
-            index.extend(arg)
-            return index
-        if op == "extend":
-            state.extend(arg)
-            return None
-        longest = max(depth, copy_depth or copy_nodes) if copy_nodes else depth
-        conts = continuations_with_datastore(state, datastore, longest, occurrences)
-        first = next(conts, None)
-        if first is None:
-            return []
-        n, d = nodes, depth
-        if copy_nodes and first.match_length >= max_match and first.position >= 0:
-            n, d = max(nodes, copy_nodes), longest
-        return trie_builder(itertools.chain([first], conts), n, d, branches)
+def ngram_policy(datastore=None, **config):
+    """hf-spec's :class:`~hf_spec.NGramDrafter` as shipped (``config``: its keyword arguments): one drafting
+    session per prompt, fed the committed tokens of each cycle as ``generate()`` feeds it."""
+    drafter = hf_spec.NGramDrafter(datastore=datastore, **config)
+    shape = drafter.tree_shape()
 
-    return draft
+    def start(prompt):
+        session = drafter.new_drafting_session(None, shape, do_sample=False, prompt_ids=torch.tensor([prompt]))
+        return lambda ctx, committed: session.propose(None, torch.tensor(committed))
+
+    return start
 
 
 def cost(cycles, method: str) -> float:

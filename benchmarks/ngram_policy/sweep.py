@@ -19,8 +19,8 @@ policies = {"prompt lookup": ("pl", pl_policy()),
             "context only, max_match 6, copy 24": ("ngram", ngram_policy(max_match=6, copy_nodes=24)),
             "+ datastore (the default)": ("ngram", ngram_policy(max_match=4, datastore=store))}
 for nodes, depth in [(6, 6), (12, 8), (12, 12)]:
-    policies[f"+ datastore, {nodes} nodes depth {depth}"] = ("ngram", ngram_policy(max_match=4, nodes=nodes, depth=depth, datastore=store))
-policies["+ datastore, 1 branch (a chain)"] = ("ngram", ngram_policy(max_match=4, branches=1, datastore=store))
+    policies[f"+ datastore, {nodes} nodes depth {depth}"] = ("ngram", ngram_policy(max_match=4, num_draft_tokens=nodes, max_depth=depth, datastore=store))
+policies["+ datastore, 1 branch (a chain)"] = ("ngram", ngram_policy(max_match=4, max_branches=1, datastore=store))
 policies["+ datastore, min_match 2"] = ("ngram", ngram_policy(max_match=4, min_match=2, datastore=store))
 for copy in (16, 24):
     policies[f"+ datastore, copy {copy}"] = ("ngram", ngram_policy(max_match=4, copy_nodes=copy, datastore=store))
