@@ -43,6 +43,13 @@ _NOT_LAYER_FIELDS = {
 }  # fmt: skip
 
 
+def _suffix_length(value, name: str) -> int:
+    """``value`` if it is a positive integer (a count of context suffix tokens), else a ValueError naming ``name``."""
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer (suffix tokens), got {value!r}.")
+    return value
+
+
 class EagleDrafterConfig(SpecDrafterConfig):
     """Config of :class:`EagleDrafter`.
 
@@ -111,17 +118,12 @@ class EagleDrafterConfig(SpecDrafterConfig):
         **kwargs,
     ):
         self.ngram_branches = check_ngram_branches(ngram_branches)
-        if not isinstance(ngram_max_match, int) or ngram_max_match < 1:
-            raise ValueError(f"ngram_max_match must be a positive integer (suffix tokens), got {ngram_max_match!r}.")
-        self.ngram_max_match = ngram_max_match
+        self.ngram_max_match = _suffix_length(ngram_max_match, "ngram_max_match")
         self.ngram_copy_nodes = check_ngram_branches(ngram_copy_nodes, "ngram_copy_nodes")
         self.ngram_copy_skips_drafter = bool(ngram_copy_skips_drafter)
         self.ngram_datastore_copy_nodes = check_ngram_branches(ngram_datastore_copy_nodes, "ngram_datastore_copy_nodes")
         self.ngram_match_nodes = check_ngram_branches(ngram_match_nodes, "ngram_match_nodes")
-        if not isinstance(ngram_match_min_length, int) or ngram_match_min_length < 1:
-            raise ValueError(f"ngram_match_min_length must be a positive integer (suffix tokens), got "
-                             f"{ngram_match_min_length!r}.")  # fmt: skip
-        self.ngram_match_min_length = ngram_match_min_length
+        self.ngram_match_min_length = _suffix_length(ngram_match_min_length, "ngram_match_min_length")
         self.ngram_datastore_match_nodes = check_ngram_branches(ngram_datastore_match_nodes,
                                                                 "ngram_datastore_match_nodes")
         if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
