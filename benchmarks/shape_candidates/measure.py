@@ -10,7 +10,7 @@ NAME alone is the shipped folder drafters/smollm2-135m-instruct-NAME; NAME=PATH 
 retrained drafter before it replaces the shipped one). The target runs in ``DTYPE`` (environment; default
 ``auto``: bf16 where this CPU computes it natively, else float32); ``SKIP`` (environment, default 3) measures
 prompts SKIP..SKIP+2 of each set instead (more held-aside prompts: 12 gives 12..14, used in session 32); ``N``
-(default 3) prompts per set (session 35: ``SKIP=33 N=5``, prompts 33..37).
+(default 3) prompts per set (sessions 35 and 36: ``SKIP=33 N=5``, prompts 33..37).
 """
 import os
 import json, sys, time
@@ -32,7 +32,9 @@ EAGLE_FAMILY = [  # CPU without AMX ... CPU with AMX ... GPU-like flat verificat
     dict(tree_depth=6, tree_top_k=8, tree_total_tokens=32, ngram_branches=12),
     dict(tree_depth=6, tree_top_k=10, tree_total_tokens=60, ngram_branches=16),
 ]
-PARALLEL = [  # None: the configured widths [2, 1]
+PARALLEL = [  # None: the configured widths [2, 1]; depth 1 (widths [2]): session 36, EAGLE's choice on this CPU
+    dict(tree_depth=1, tree_top_k=2, tree_total_tokens=2, ngram_branches=3),
+    dict(tree_depth=1, tree_top_k=2, tree_total_tokens=2, ngram_branches=8),
     dict(tree_depth=None, tree_top_k=None, tree_total_tokens=3, ngram_branches=3),
     dict(tree_depth=None, tree_top_k=None, tree_total_tokens=3, ngram_branches=8),
     dict(tree_depth=None, tree_top_k=None, tree_total_tokens=3, ngram_branches=16),
