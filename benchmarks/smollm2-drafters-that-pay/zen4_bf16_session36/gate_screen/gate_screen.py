@@ -14,28 +14,25 @@ cycles (copy / context match) are kept as they are. Policies are then replayed o
 
     python gate_screen.py DRAFTER SKIP LIMIT DATASET...
 """
-import collections, itertools, sys, time
+import collections, itertools, os, sys, time
 import torch
 from transformers import AutoModel
 from hf_spec.bench.harness import build_prompts
 from hf_spec.drafters.eagle import EagleDraftingSession
-from hf_spec.drafters.ngram import TrieNodes, build_trie, continuations_with_datastore
+from hf_spec.drafters.ngram import TrieNodes, build_trie, continuations_with_datastore, trie_to_draft_tree
 from hf_spec.drafters.parallel import ParallelDraftingSession
 from hf_spec.resources import load_packaged_model
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../ngram_policy"))
+from sim import accepted_length  # noqa: E402
 
 NODES = 8
 pending, cycles = {}, []  # cycles: (drafted, h, n, seconds, drafting seconds)
 
 
 def trie_accepts(trie, committed):
-    children = {(p, t): i for i, (p, t) in enumerate(zip(trie.parents, trie.tokens))}
-    node, accepted = -1, 0
-    for token in committed:
-        node = children.get((node, token))
-        if node is None:
-            break
-        accepted += 1
-    return accepted
+    """Tokens of ``committed`` the trie drafts in a row from its root (the n-gram replay's walk)."""
+    return accepted_length(trie_to_draft_tree(0, trie), committed)
 
 
 def make_propose(original):
