@@ -64,8 +64,11 @@ def main(out, folders):
              "Prompts per data set: " + ", ".join(f"{d} {len(cells[d])}" for d in sets), ""]
 
     def table(title, base, rows, need_all=True):
+        """One row per method in ``rows``: its speed over ``base`` (a method, or a function of the row's method)."""
         lines.extend([title, "", "| method | " + " | ".join(sets) + " | geomean |", "|---|" + "---:|" * (len(sets) + 1)])
+        base_of = base if callable(base) else lambda m: base
         for m in rows:
+            base = base_of(m)
             values, texts = [], []
             for d in sets:
                 prompts = [p for p in cells[d].values() if m in p and base in p]
@@ -86,17 +89,8 @@ def main(out, folders):
     table(f"Each hybrid over its n-gram part ({NGRAM_DS}, same runs):", NGRAM_DS, hybrids)
     alone = [m for m in hybrids if any(f"{m} alone" in p for d in sets for p in cells[d].values())]
     if alone:
-        lines.append("Each hybrid over its drafter alone (`:ngram=0`, only on the prompts that ran it):")
-        lines.append("")
-        lines.append("| method | " + " | ".join(sets) + " |")
-        lines.append("|---|" + "---:|" * len(sets))
-        for m in alone:
-            texts = []
-            for d in sets:
-                prompts = [p for p in cells[d].values() if f"{m} alone" in p]
-                texts.append(f"{ratio(prompts, m, m + ' alone'):.2f} (n={len(prompts)})" if prompts else "–")
-            lines.append(f"| {m} | " + " | ".join(texts) + " |")
-        lines.append("")
+        table("Each hybrid over its drafter alone (`:ngram=0`, only on the prompts that ran it):",
+              lambda m: f"{m} alone", alone, need_all=False)
     open(out, "w").write("\n".join(lines))
     print("\n".join(lines))
 

@@ -2,12 +2,16 @@
 time during a greedy generate() of SmolLM2-135M-Instruct (bf16, 2 threads, MT-bench prompt 40): self CPU time of the
 ops under each drafter forward, torch profiler. Output: drafter_profile.log (session 36).
 """
-import torch, time, hf_spec
+import bisect, collections
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 from transformers import AutoModel
+
+import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
 from hf_spec.resources import load_packaged_model
 from hf_spec.bench.harness import build_prompts
 from hf_spec.drafters.eagle import EagleDraftingSession
-from torch.profiler import profile, ProfilerActivity, record_function
 torch.set_num_threads(2)
 model, tok = load_packaged_model("smollm2-135m-instruct", dtype=torch.bfloat16)
 dr = AutoModel.from_pretrained("drafters/smollm2-135m-instruct-eagle").eval()
@@ -23,17 +27,14 @@ p = build_prompts(tok, ["mt_bench"], limit=1, skip=40)["mt_bench"][0]
 ids = torch.tensor([p["input_ids"]])
 model.generate(ids, max_new_tokens=16, do_sample=False, assistant_model=dr)
 state["on"] = True
-# profile only drafter: wrap target forward to disable profiling? simpler: profile all, then filter by stack under DRAFTER_RUN
+# profile the whole generate(), then keep the ops inside each DRAFTER_RUN range
 with profile(activities=[ProfilerActivity.CPU], with_stack=False) as prof:
     model.generate(ids, max_new_tokens=128, do_sample=False, assistant_model=dr)
 evs = prof.events()
-# collect children of DRAFTER_RUN ranges
 runs = [e for e in evs if e.name == "DRAFTER_RUN"]
 print("drafter runs", len(runs), "avg ms", sum(e.cpu_time_total for e in runs) / len(runs) / 1000)
-import collections
 agg = collections.Counter(); cnt = collections.Counter()
 intervals = sorted((e.time_range.start, e.time_range.end) for e in runs)
-import bisect
 starts = [s for s, _ in intervals]
 for e in evs:
     if e.name == "DRAFTER_RUN": continue
