@@ -10,6 +10,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sim
 
 def longest(ctx, target, cap, anchored):
+    """Longest prefix (<= cap) of ``target`` found in ``ctx``: anywhere, or (anchored) right after an earlier
+    occurrence of ``ctx[-1]``."""
     best = 0
     n = len(ctx)
     for s in range(n - 1 if anchored else n):
@@ -23,6 +25,7 @@ def longest(ctx, target, cap, anchored):
     return best
 
 def oracle_policy(outputs, cap, anchored):
+    """A replay policy (see ``sim.replay``) that drafts the chain :func:`longest` finds in the target's own output."""
     def start(prompt):
         out = outputs[tuple(prompt)]
         def draft(ctx, committed):
@@ -36,7 +39,6 @@ data = {}
 for path in sys.argv[1:]:
     data.update(json.load(open(path)))
 outputs = {tuple(r["prompt"]): r["output"] for r in data.values()}
-from hf_spec.drafters.datastore import find_datastore
 policies = {"pl": ("pl", sim.pl_policy()), "ngram ctx": ("ngram", sim.ngram_policy()),
             "oracle any cap10": ("ngram", oracle_policy(outputs, 10, False)),
             "oracle anchored cap10": ("ngram", oracle_policy(outputs, 10, True)),
