@@ -48,7 +48,7 @@ def test_occurrences_are_spread_over_the_corpus_when_capped():
 def test_context_continuations_outrank_a_corpus_that_repeats_more_at_the_same_match_length():
     """At equal match length the text being written comes first, even where the corpus repeats its own phrase more
     often (an edit copies the function in its prompt, not a common idiom); a longer corpus match still wins."""
-    from hf_spec.drafters.ngram import NGramIndex, build_trie, continuations_with_datastore
+    from hf_spec.drafters.ngram import NGramIndex, continuations_with_datastore, scored_trie
 
     context = [8, 2, 3, 4, 5, 5, 9, 2, 3, 4]  # its longest earlier match: the 3 tokens 2 3 4, followed by 5
 
@@ -56,7 +56,7 @@ def test_context_continuations_outrank_a_corpus_that_repeats_more_at_the_same_ma
         index = NGramIndex(1, 4)
         index.extend(context)
         store = NGramDatastore.from_documents(documents, min_match=1, max_match=4)
-        trie = build_trie(continuations_with_datastore(index, store, 2, 16), num_nodes=4, max_depth=2, max_branches=4)
+        trie = scored_trie(continuations_with_datastore(index, store, 2, 16), num_nodes=4, max_depth=2, max_branches=4)
         return trie.tokens[trie.ranks.index(0)]
 
     assert best_root([[1, 2, 3, 4, 7, 7], [1, 2, 3, 4, 7, 8]]) == 5  # 2 3 4 -> 7 twice in the corpus, once 5 here
@@ -101,7 +101,8 @@ def test_sampled_distribution_equals_target(warp):
     torch.manual_seed(0)
     corpus = [plain_generate(target, prompt, max_new_tokens=8, do_sample=True, top_k=None, **warp)[0].tolist()
               for _ in range(30)]  # fmt: skip
-    drafter = hf_spec.NGramDrafter(max_depth=3, num_draft_tokens=16, datastore=NGramDatastore.from_documents(corpus))
+    drafter = hf_spec.NGramDrafter(max_depth=3, num_draft_tokens=16, node_cost=0,  # full trees: many accepts
+                                       datastore=NGramDatastore.from_documents(corpus))
     exact = exact_joint(target, prompt, warpers(**warp))
     counts, accepted = torch.zeros([VOCAB] * 3), []
     torch.manual_seed(1234)

@@ -5,7 +5,8 @@ import torch
 
 import hf_spec
 from conftest import make_target, plain_generate, random_prompt
-from hf_spec.drafters.ngram import NGramIndex, build_trie, find_continuations, trie_to_draft_tree
+from hf_spec.drafters.ngram import (NGramIndex, find_continuations, match_acceptance, measure_match_lengths, scored_trie,
+                                   trie_to_draft_tree)
 from hf_spec.verify import _rejection_sample
 from test_batched import check_batch
 from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, warpers
@@ -158,9 +159,9 @@ def test_branches_cover_several_continuations_ranked_by_count():
 def test_trie_nodes_are_reusable_without_a_session():
     index = NGramIndex(1, 3)
     index.extend([1, 2, 3, 1, 2, 4, 1, 2])
-    trie = build_trie(find_continuations(index, max_depth=4, max_occurrences=8), num_nodes=6, max_depth=4,
-                      max_branches=4)  # fmt: skip
-    # Suffix "1 2" was followed by "3 1 2 4" and "4 1 2": two branches under the root.
+    trie = scored_trie(find_continuations(index, max_depth=4, max_occurrences=8), num_nodes=6, max_depth=4,
+                       max_branches=4)  # fmt: skip
+    # Suffix "1 2" was followed by "3 1 2 4" and "4 1 2": two branches under the root, the more recent first.
     assert trie.tokens[:2] == [4, 3] and trie.parents[:2] == [-1, -1] and len(trie) == 6
     assert all(trie.parents[i] < i for i in range(len(trie)))  # BFS order: parents first
     tree = trie_to_draft_tree(2, trie)
@@ -180,6 +181,57 @@ def test_tree_kwargs_and_options_are_validated():
         drafter.tree_shape(0).validate(False)
 
 
+# -- scored trees --------------------------------------------------------------------------------
+def test_match_acceptance_grows_with_the_match():
+    values = [match_acceptance(m) for m in (1, 2, 4, 9, 32)]
+    assert values == sorted(values) and 0.25 < values[0] < 0.35 and values[-1] > 0.9
+
+
+def test_measured_match_length_tells_a_copied_passage_from_a_common_ngram():
+    passage = list(range(10, 30))
+    # The suffix's last 4-gram (18..21) follows the passage once more, later, with another follower (77).
+    context = [99] + passage + [18, 19, 20, 21, 77, 1, 2] + passage[:12]
+    index = NGramIndex(1, 4)
+    index.extend(context)
+    found = list(find_continuations(index, 8, 16))
+    assert found[0].tokens[0] == 77 and found[0].match_length == found[1].match_length == 4  # most recent first
+    measured = measure_match_lengths(index, found)
+    assert (measured[0].tokens[0], measured[0].match_length) == (22, 12)  # the passage so far, then 2 != 99
+    assert measured[1].tokens[0] == 77 and measured[1].match_length == 4
+    assert [c.match_length for c in measured] == sorted((c.match_length for c in measured), reverse=True)
+    periodic = NGramIndex(1, 4)
+    periodic.extend([1, 2, 3] * 1000)
+    assert max(c.match_length for c in measure_match_lengths(periodic, list(find_continuations(periodic, 8, 16)))) == 32
+    # The default drafter follows the passage as a deep chain, past the old 8-node trees.
+    _, tree = session_for(context)
+    assert tree.tokens[1:11].tolist() == context[13:23] and bool((tree.depths == torch.arange(len(tree))).all())
+
+
+def test_scored_trie_splits_probability_between_disagreeing_occurrences():
+    index = NGramIndex(1, 4)
+    index.extend([9, 1, 5, 9, 1, 6, 9, 1])  # "9 1" was followed by 5 and by 6
+    trie = scored_trie(list(find_continuations(index, 8, 16)), num_nodes=16, max_depth=8, max_branches=4)
+    first = [p for p, parent in zip(trie.probabilities, trie.parents) if parent == -1]
+    assert sorted(trie.tokens[:2]) == [5, 6] and first == pytest.approx([0.5 * match_acceptance(2)] * 2)
+    assert all(trie.probabilities[i] <= trie.probabilities[trie.parents[i]] for i in range(len(trie)) if trie.parents[i] >= 0)
+    tree = trie_to_draft_tree(1, trie)
+    assert torch.allclose(tree.scores[1:].exp(), torch.tensor(trie.probabilities))
+
+
+def test_a_run_of_one_token_is_drafted_deep():
+    """Occurrences whose continuation stops at the end of the context are no evidence against going on."""
+    _, tree = session_for([3] + [53] * 6)
+    assert len(tree) - 1 >= 4 and set(tree.tokens[1:].tolist()) == {53}
+
+
+def test_node_cost_sizes_the_tree():
+    context = [4, 8, 2, 9, 8]  # "8" was followed once by "2 9 8": a 1-token match, likely wrong
+    sizes = {cost: len(session_for(context, node_cost=cost)[1]) - 1 for cost in (0.0, 0.035, 0.5)}
+    assert sizes[0.0] == 3 and 1 <= sizes[0.035] <= 3 and sizes[0.5] == 0
+    with pytest.raises(ValueError, match="node_cost"):
+        hf_spec.NGramDrafter(node_cost=-1)
+
+
 # -- cost --------------------------------------------------------------------------------------
 def test_per_cycle_cost_is_flat_in_context_length():
     """Index updates per token and occurrences scanned per tree do not grow with the context."""
@@ -190,7 +242,9 @@ def test_per_cycle_cost_is_flat_in_context_length():
         before = session.index.operations
         session.propose(None, torch.tensor([1, 2, 3]))
         updates = session.index.operations - before
-        trie = build_trie(find_continuations(session.index, 8, 16), 16, 8, 4)
+        found = list(find_continuations(session.index, 8, 16))
+        measure_match_lengths(session.index, found)  # at most 32 comparisons per occurrence
+        trie = scored_trie(found, 16, 8, 4)
         costs.append((updates, trie.occurrences))
     assert costs[1] == costs[2]  # 10x the context, the same work
     assert all(updates == 3 * 4 for updates, _ in costs)  # three new tokens, one update per n in [1, 4]
@@ -230,11 +284,14 @@ def repetitive_sampling_case(warp):
     return target, prompt, exact_joint(target, prompt, warpers(**warp))
 
 
+@pytest.mark.parametrize("node_cost", [0.0, 0.035], ids=["full-trees", "sized-trees"])
 @pytest.mark.parametrize("warp", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)], ids=str)
-def test_sampled_distribution_equals_target(warp, monkeypatch):
+def test_sampled_distribution_equals_target(warp, node_cost, monkeypatch):
+    """Full trees (node_cost 0) exercise many accepts and rejects; sized trees (the default) change size with the
+    committed text, which keeps them point-mass drafts."""
     target, prompt, exact = repetitive_sampling_case(warp)
     trees = capture_trees(monkeypatch)
-    drafter = hf_spec.NGramDrafter(max_depth=3)
+    drafter = hf_spec.NGramDrafter(max_depth=3, node_cost=node_cost)
     counts = torch.zeros([VOCAB] * 3)
     accepted = []
     torch.manual_seed(1234)
@@ -245,8 +302,10 @@ def test_sampled_distribution_equals_target(warp, monkeypatch):
         accepted += drafter.last_generation_stats.accepted_lengths
     p_value = chi_square_pvalue(counts, exact)
     assert p_value > P_VALUE_FLOOR, p_value
-    assert sum(accepted) / len(accepted) > 0.5  # drafts are accepted often: the accept path is exercised
+    assert sum(accepted) / len(accepted) > (0.5 if node_cost == 0 else 0.3)  # the accept path is exercised
     assert max(t.candidate_tokens.shape[1] for t in trees) >= 2  # and trees really branch
+    if node_cost:
+        assert len({len(t) for t in trees}) >= 3  # sizes follow the committed text
 
 
 # -- batches and the bench harness ---------------------------------------------------------------
@@ -267,6 +326,7 @@ def test_bench_method_hf_spec_ngram():
     assert isinstance(drafter, hf_spec.NGramDrafter)
     assert (drafter.config.max_depth, drafter.config.num_draft_tokens, drafter.config.max_branches) == (6, 10, 2)
     assert method.info["drafter"] == "ngram" and method.info["max_depth"] == 6
+    assert parse_method("hf_spec:ngram:node_cost=0.02", torch.float32).info["node_cost"] == 0.02
     with pytest.raises(ValueError, match="unknown n-gram option"):
         parse_method("hf_spec:ngram:deep=6", torch.float32)
     target = make_target("llama")

@@ -12,16 +12,19 @@ tokens in O(new tokens x max_match) dict updates, never rebuilding. Drafting a t
 most ``max_occurrences`` occurrences per match length, each for at most ``max_depth``
 tokens, so a cycle's cost does not grow with the context.
 
-Ranking (:func:`find_continuations`, :func:`build_trie`): occurrences of the longest matching
-suffix come first, shorter matches only fill the remaining budget. A trie node's priority is
-(longest match length through it, context occurrences of that length through it, all occurrences
-of that length through it, most recent such occurrence, shallower first): at equal match length
-the text being written outranks a datastore's corpus, however often the corpus repeats a
-phrase (an edit copies the function in its prompt, not a common idiom); a child never outranks its parent, and the best
-``num_draft_tokens`` nodes (at most ``max_branches`` children per node, ``max_depth`` deep)
-form the draft tree. No match: the tree is the root alone, and the cycle is one plain
-decoding step. These functions take plain token lists, not a session, so the same trie can
-later be grafted into a trained drafter's tree.
+Ranking (:func:`find_continuations`, :func:`measure_match_lengths`, :func:`scored_trie`): occurrences of
+the longest matching suffix come first; an occurrence that matches the whole ``max_match`` suffix has its real
+match length measured (up to 32 tokens back), so a passage being copied outranks a common 4-gram. Every trie
+node gets an estimated probability that the target accepts it (:func:`match_acceptance`: the longer an
+occurrence has matched, the likelier the target keeps following it; split between occurrences that disagree;
+the context weighs more than a datastore's corpus), the product along its path; nodes are taken best first (at
+most ``max_branches`` children per node, ``max_depth`` deep, ``num_draft_tokens`` nodes) and, with
+``node_cost`` > 0, the tree keeps only as many as pay for their verification: deep chains where text is being
+copied, the root alone where no occurrence is likely to be followed (the cycle is then one plain decoding
+step). The model, its fit and what it gained over session 36's count-ranked, fixed-size trees:
+benchmarks/ngram_policy/scored_trees.md. These functions take plain token lists, not a session, so the same
+trie can be grafted into a trained drafter's tree (:class:`NGramBranches`, without the size cut: the hybrid's
+budgets decide there).
 
 Why sampling stays exact. The tree is a deterministic function of the committed text, so
 every candidate c_i of an expanded node u is a point-mass draft: q_i = delta(c_i). Trees
@@ -154,26 +157,82 @@ class TrieNodes:
     counts: list[int] = field(default_factory=list)
     occurrences: int = 0
     ranks: list[int] = field(default_factory=list)
+    probabilities: list[float] | None = None
+    """:func:`scored_trie`'s estimated probability that the target accepts each node (None: counts only)."""
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
-def build_trie(continuations, num_nodes: int, max_depth: int, max_branches: int) -> TrieNodes:
-    """Merge ``continuations`` (as :func:`find_continuations` orders them) into a trie and keep
-    its ``num_nodes`` best nodes, at most ``max_branches`` children per node and ``max_depth``
-    deep (see the module docstring for the ranking). Shorter matches are read only while the
-    trie has fewer than ``num_nodes`` nodes."""
-    # Full trie; per node: token, parent, depth, best match length, count at it (and of context occurrences,
-    # position >= 0), recency, total count.
-    token_of, parent_of, depth_of = [], [], []
-    best_len, best_count, context_count, recency, total = [], [], [], [], []
-    children: list[dict[int, int]] = [{}]  # children[0] is the root's; node i's are children[i + 1]
-    occurrences, last_match = 0, None
+# The acceptance model of :func:`scored_trie` (session 37). Fitted on replays of SmolLM2-135M-Instruct's greedy
+# answers to 168 prompts of four data sets (benchmarks/ngram_policy/scored_trees.md): a drafted node that follows
+# an occurrence matching the context's last m tokens is what the target writes next with probability about
+# share * (1 - 0.7 * m ** -0.75), where share is the fraction of that match length's occurrences (through the
+# parent) that continue with this token. m grows by one with every drafted token along the occurrence: an
+# occurrence that has kept agreeing for longer is copied for longer.
+ACCEPTANCE_SCALE, ACCEPTANCE_DECAY = 0.7, 0.75
+SHORTER_MATCH_FACTOR = 0.25
+"""A node that leaves its parent's longer-match continuations for a shorter match's is 4x less likely."""
+CONTEXT_WEIGHT = 0.75
+"""Where both the context and a datastore's corpus have occurrences of a match length, a node's share is
+0.75 x its share among the context's occurrences + 0.25 x its share among the corpus's: the text being written
+predicts its own continuation better than the corpus does, however often the corpus repeats a phrase."""
+DATASTORE_FACTOR = 0.7
+"""A node only a corpus (a datastore) continues at its match length is accepted less often than the context's own."""
+MEASURED_MATCH = 32
+"""How far back :func:`measure_match_lengths` compares a full-length match (a longer one counts as 32)."""
+
+
+def match_acceptance(matched: int) -> float:
+    """Estimated probability that the target continues as an occurrence that has matched the context's last
+    ``matched`` tokens does: 1 - 0.7 * matched ** -0.75 (0.30 at 1 token, 0.75 at 4, 0.87 at 9, 0.95 at 32)."""
+    return 1.0 - ACCEPTANCE_SCALE * matched**-ACCEPTANCE_DECAY
+
+
+def measure_match_lengths(index: NGramIndex, continuations: list[Continuation], cap: int = MEASURED_MATCH) -> list[Continuation]:
+    """``continuations`` (modified) with each context occurrence that matched the whole ``max_match`` suffix
+    given its real match length, up to ``cap`` tokens (compared backwards: at most ``cap`` comparisons each),
+    re-ordered longest match first (the order is otherwise kept). Looking up only ``max_match``-grams keeps the
+    index small; telling a 30-token match from a 4-token one is what says the text is being copied."""
+    tokens, length, full = index.tokens, len(index.tokens), index.max_match
+    longer = False
     for cont in continuations:
-        if last_match is not None and cont.match_length < last_match and len(token_of) >= num_nodes:
-            break
-        occurrences, last_match = occurrences + 1, cont.match_length
+        if cont.position >= 0 and cont.match_length == full:
+            n, pos = full, cont.position
+            while n < cap and pos - n - 1 >= 0 and tokens[pos - n - 1] == tokens[length - n - 1]:
+                n += 1
+            cont.match_length, longer = n, longer or n > full
+    if longer:
+        continuations.sort(key=lambda c: -c.match_length)
+    return continuations
+
+
+def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int, node_cost: float = 0.0) -> TrieNodes:
+    """The draft trie of ``continuations`` (longest match first) ranked by estimated acceptance probability.
+
+    Every node u of the full trie (``max_depth`` deep) gets q(u) = share * :func:`match_acceptance` (L + depth - 1),
+    L being the longest match length through u and share the fraction of L's occurrences through u's parent
+    that go on to u (occurrences whose continuation stops at the parent, where the text ends, do not count;
+    with a corpus: ``CONTEXT_WEIGHT``'s mixture of the context's and the corpus's shares, or the corpus's x
+    ``DATASTORE_FACTOR`` where the context has no such occurrence), x ``SHORTER_MATCH_FACTOR`` when
+    continuations that matched longer go on below the parent elsewhere; its probability of being accepted is
+    the product of q along its path. The best ``num_nodes`` nodes (at most ``max_branches`` children per node;
+    ties: shallower, then more recent) are taken best first; with ``node_cost`` c > 0 only the first n of them are kept, n maximizing
+    (1 + expected accepted tokens) / (1 + c * n): c is what one more verified node costs relative to a one-token
+    decoding step, so a cycle drafts deep where the text is being copied and little or nothing where no
+    occurrence is likely to be followed."""
+    # Per node and (match length, source): occurrences through the node, and those whose continuation stops there;
+    # source 0 counts the context's occurrences, source 1 the context's and a corpus's together.
+    token_of, parent_of, depth_of, best_len, recency, counts, ended = [], [], [], [], [], [], []
+    children: list[dict[int, int]] = [{}]  # children[0] is the root's; node i's are children[i + 1]
+    root_counts: dict[tuple[int, int], int] = {}
+    occurrences = 0
+    for cont in continuations:
+        occurrences += 1
+        length = cont.match_length
+        keys = ((length, 0), (length, 1)) if cont.position >= 0 else ((length, 1),)
+        for key in keys:
+            root_counts[key] = root_counts.get(key, 0) + 1
         node = -1
         for depth, token in enumerate(cont.tokens[:max_depth], start=1):
             child = children[node + 1].get(token)
@@ -182,34 +241,71 @@ def build_trie(continuations, num_nodes: int, max_depth: int, max_branches: int)
                 children[node + 1][token] = child
                 children.append({})
                 token_of.append(token), parent_of.append(node), depth_of.append(depth)
-                best_len.append(cont.match_length), best_count.append(0), context_count.append(0)
-                recency.append(cont.position), total.append(0)
-            if cont.match_length == best_len[child]:  # continuations arrive longest match first
-                best_count[child] += 1
-                context_count[child] += cont.position >= 0
-            total[child] += 1
+                best_len.append(length), recency.append(cont.position), counts.append({}), ended.append({})
+            for key in keys:
+                counts[child][key] = counts[child].get(key, 0) + 1
             node = child
-    order = sorted(range(len(token_of)),
-                   key=lambda i: (-best_len[i], -context_count[i], -best_count[i], -recency[i], depth_of[i]))
-    kept: dict[int, int] = {}  # full-trie node -> rank
-    branches = {-1: 0}
+        if len(cont.tokens) < max_depth and node >= 0:  # the text ends here: no evidence about what follows
+            for key in keys:
+                ended[node][key] = ended[node].get(key, 0) + 1
+
+    def going_on(node: int, key: tuple[int, int]) -> int:
+        """Occurrences of ``key`` through ``node`` (-1: the root) whose continuation goes on below it."""
+        if node < 0:
+            return root_counts.get(key, 0)
+        return counts[node].get(key, 0) - ended[node].get(key, 0)
+
+    def share(i: int, parent: int, length: int) -> float:
+        """The fraction of ``length``'s occurrences going on below ``parent`` that go on to node ``i``."""
+        context, everything = going_on(parent, (length, 0)), going_on(parent, (length, 1))
+        corpus = everything - context
+        in_context = counts[i].get((length, 0), 0)
+        if not corpus:
+            return in_context / context
+        corpus_share = (counts[i][(length, 1)] - in_context) / corpus
+        if not context:
+            return corpus_share * DATASTORE_FACTOR
+        return CONTEXT_WEIGHT * in_context / context + (1 - CONTEXT_WEIGHT) * corpus_share
+
+    live_best = [max((n for n, source in node if source and going_on(i, (n, 1)) > 0), default=0)
+                 for i, node in enumerate(counts)]  # per node: the longest match length going on below it
+    root_best = max((n for n, _ in root_counts), default=0)
+    probability = []
+    for i, parent in enumerate(parent_of):  # parents are created before their children
+        length = best_len[i]
+        q = share(i, parent, length) * match_acceptance(length + depth_of[i] - 1)
+        if length < (live_best[parent] if parent >= 0 else root_best):
+            q *= SHORTER_MATCH_FACTOR
+        probability.append(q * (probability[parent] if parent >= 0 else 1.0))
+    order = sorted(range(len(token_of)), key=lambda i: (-probability[i], depth_of[i], -recency[i]))
+    kept: list[int] = []
+    is_kept, branches = set(), {-1: 0}
     for i in order:
         if len(kept) >= num_nodes:
             break
         parent = parent_of[i]
-        if (parent >= 0 and parent not in kept) or branches.get(parent, 0) >= max_branches:
+        if (parent >= 0 and parent not in is_kept) or branches.get(parent, 0) >= max_branches:
             continue
-        kept[i] = len(kept)
+        kept.append(i), is_kept.add(i)
         branches[parent] = branches.get(parent, 0) + 1
-    bfs = sorted(kept, key=lambda i: (depth_of[i], kept[i]))
+    if node_cost > 0:
+        best, size, gain = 1.0, 0, 1.0
+        for n, i in enumerate(kept, start=1):
+            gain += probability[i]
+            if gain / (1.0 + node_cost * n) > best:
+                best, size = gain / (1.0 + node_cost * n), n
+        kept = kept[:size]
+    rank = {node: r for r, node in enumerate(kept)}
+    bfs = sorted(kept, key=lambda i: (depth_of[i], rank[i]))
     new_index = {old: new for new, old in enumerate(bfs)}
     return TrieNodes(
         tokens=[token_of[i] for i in bfs],
         parents=[new_index[parent_of[i]] if parent_of[i] >= 0 else -1 for i in bfs],
         depths=[depth_of[i] for i in bfs],
-        counts=[total[i] for i in bfs],
+        counts=[sum(c for (_, source), c in counts[i].items() if source) for i in bfs],
         occurrences=occurrences,
-        ranks=[kept[i] for i in bfs],
+        ranks=[rank[i] for i in bfs],
+        probabilities=[probability[i] for i in bfs],
     )
 
 
@@ -221,7 +317,8 @@ def trie_to_draft_tree(root_token: int, trie: TrieNodes, device=None) -> DraftTr
     parents = torch.tensor([-1, *(p + 1 for p in trie.parents)], dtype=torch.long, device=device)
     depths = torch.tensor([0, *trie.depths], dtype=torch.long, device=device)
     occurrences = max(trie.occurrences, 1)
-    scores = torch.tensor([0.0, *(c / occurrences for c in trie.counts)], dtype=torch.float32, device=device).log()
+    weights = trie.probabilities if trie.probabilities is not None else [c / occurrences for c in trie.counts]
+    scores = torch.tensor([0.0, *weights], dtype=torch.float32, device=device).log()
     kids: dict[int, list[int]] = {}
     for child in range(1, n + 1):
         kids.setdefault(int(parents[child]), []).append(child)
@@ -372,8 +469,8 @@ class NGramBranches:
         each), scanned once per cycle however many budgets and tries read them."""
         key = (len(self.index.tokens), depth)
         if self._scanned is None or self._scanned[0] != key:
-            found = continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences)
-            self._scanned = (key, list(found))
+            found = list(continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences))
+            self._scanned = (key, measure_match_lengths(self.index, found))
         return iter(self._scanned[1])
 
     @property
@@ -398,7 +495,7 @@ class NGramBranches:
         """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
         ``depth``, ``shape.top_k`` branches per node; every drafted node is marked ``from_ngram``."""
         continuations = self.continuations(depth)
-        tree = trie_to_draft_tree(root_token, build_trie(continuations, num_nodes, depth, shape.top_k), device=device)
+        tree = trie_to_draft_tree(root_token, scored_trie(continuations, num_nodes, depth, shape.top_k), device=device)
         tree.from_ngram = torch.arange(len(tree)) > 0
         return tree
 
@@ -415,7 +512,7 @@ class NGramBranches:
             return tree
         branches = max(branches, self._copy_budget(first))
         num_nodes = branches if sample else branches + len(tree) - 1
-        trie = build_trie(itertools.chain([first], continuations), num_nodes, depth, shape.top_k)
+        trie = scored_trie(itertools.chain([first], continuations), num_nodes, depth, shape.top_k)
         return graft_trie(tree, trie, max_new=None if sample else branches)
 
 
@@ -426,9 +523,9 @@ class NGramDrafterConfig(SpecDrafterConfig):
         max_match: longest context suffix looked up (default 4).
         min_match: shortest suffix that counts as a match (default 1; 2 drafts less on
             unrelated text).
-        num_draft_tokens: draft nodes per tree, root excluded (``tree_total_tokens``; default 8: on three
-            measured CPUs 8 beat 4 and 16, benchmarks/cross_machine_shape).
-        max_depth: deepest draft node (``tree_depth``; default 8).
+        num_draft_tokens: most draft nodes per tree, root excluded (``tree_total_tokens``; default 16); with
+            ``node_cost`` a cycle drafts fewer where they are unlikely to be accepted.
+        max_depth: deepest draft node (``tree_depth``; default 16).
         max_branches: most children per node (``tree_top_k``; default 4; 1 gives a single
             chain, like prompt lookup).
         max_occurrences: most recent occurrences scanned per match length (default 16); bounds
@@ -437,6 +534,12 @@ class NGramDrafterConfig(SpecDrafterConfig):
             suffix earlier (the answer is copying earlier text, as in code edits); 0 (default): no copy cycles.
             The hybrid drafters' ``ngram_copy_nodes`` for the n-gram drafter alone.
         copy_depth: deepest node on a copy cycle (None: ``max(copy_nodes, max_depth)``).
+        node_cost: what one more verified node costs relative to a one-token decoding step (default 0.035:
+            SmolLM2-135M bf16 on a 2-core Zen 4 pays ~1 ms a node on a ~40 ms step, and a slightly dearer node
+            makes up for the acceptance model's optimism; benchmarks/ngram_policy/scored_trees.md). Each cycle keeps
+            the best-first prefix of its tree that maximizes (1 + expected accepted tokens) / (1 + node_cost *
+            nodes) (:func:`scored_trie`); 0: always ``num_draft_tokens`` nodes. Lower it where verifying more
+            tokens is almost free (a GPU, a CPU with AMX).
     """
 
     model_type = "hf_spec_ngram"
@@ -444,9 +547,9 @@ class NGramDrafterConfig(SpecDrafterConfig):
 
     def __init__(self, max_match: int = 4, min_match: int = 1, num_draft_tokens: int | None = None,
                  max_depth: int | None = None, max_branches: int | None = None, max_occurrences: int = 16,
-                 copy_nodes: int = 0, copy_depth: int | None = None, **kwargs):  # fmt: skip
-        kwargs["tree_total_tokens"] = num_draft_tokens if num_draft_tokens is not None else kwargs.get("tree_total_tokens", 8)
-        kwargs["tree_depth"] = max_depth if max_depth is not None else kwargs.get("tree_depth", 8)
+                 copy_nodes: int = 0, copy_depth: int | None = None, node_cost: float = 0.035, **kwargs):  # fmt: skip
+        kwargs["tree_total_tokens"] = num_draft_tokens if num_draft_tokens is not None else kwargs.get("tree_total_tokens", 16)
+        kwargs["tree_depth"] = max_depth if max_depth is not None else kwargs.get("tree_depth", 16)
         kwargs["tree_top_k"] = max_branches if max_branches is not None else kwargs.get("tree_top_k", 4)
         if not 1 <= min_match <= max_match:
             raise ValueError(f"NGramDrafterConfig needs 1 <= min_match <= max_match, got {min_match} and {max_match}.")
@@ -459,6 +562,9 @@ class NGramDrafterConfig(SpecDrafterConfig):
         if copy_depth is not None and (not isinstance(copy_depth, int) or copy_depth < 1):
             raise ValueError(f"copy_depth must be a positive integer or None (max(copy_nodes, max_depth)), got {copy_depth!r}.")
         self.copy_depth = copy_depth
+        if isinstance(node_cost, bool) or not isinstance(node_cost, (int, float)) or not 0 <= node_cost < float("inf"):
+            raise ValueError(f"node_cost must be a finite number >= 0 (0: always draft num_draft_tokens nodes), got {node_cost!r}.")
+        self.node_cost = float(node_cost)
         super().__init__(**kwargs)
 
     @property
@@ -531,6 +637,7 @@ class NGramDraftingSession(DraftingSession):
         self.max_occurrences = config.max_occurrences
         self.copy_nodes = config.copy_nodes
         self.copy_depth = max(shape.depth, config.copy_depth or config.copy_nodes)
+        self.node_cost = config.node_cost
         self.index = NGramIndex(config.min_match, config.max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
         self.forward_seconds = 0.0
@@ -541,12 +648,12 @@ class NGramDraftingSession(DraftingSession):
         self.index.extend(next_tokens.tolist())
         shape = self.shape
         longest = self.copy_depth if self.copy_nodes else shape.depth  # continuations long enough for a copy
-        continuations = continuations_with_datastore(self.index, self.datastore, longest, self.max_occurrences)
-        first = next(continuations, None)
+        continuations = list(continuations_with_datastore(self.index, self.datastore, longest, self.max_occurrences))
+        measure_match_lengths(self.index, continuations)
+        first = continuations[0] if continuations else None
         copy = copy_budget(first, self.index.max_match, self.copy_nodes)  # 0 unless the context repeats its suffix
         nodes, depth = (max(shape.total_tokens, copy), longest) if copy else (shape.total_tokens, shape.depth)
-        chain = itertools.chain([first], continuations) if first is not None else ()
-        trie = build_trie(chain, nodes, depth, shape.top_k)
+        trie = scored_trie(continuations, nodes, depth, shape.top_k, self.node_cost)
         tree = trie_to_draft_tree(int(next_tokens[-1]), trie, device=next_tokens.device)
         self.forward_seconds += timing.clock(next_tokens.device) - start
         return tree
