@@ -1,0 +1,552 @@
+"""Context n-gram drafting without weights: draft TREES of continuations from the text so far.
+
+transformers' prompt lookup drafts one continuation of the longest matching n-gram. Since
+hf-spec verifies a whole tree in one target forward, :class:`NGramDrafter` drafts several:
+every earlier occurrence of the context's suffix contributes the tokens that followed it,
+and the distinct continuations are merged into a trie (shared prefixes become one branch).
+
+Per generation, a session keeps an incremental hashed n-gram index
+(:class:`NGramIndex`: for each n in [min_match, max_match], n-gram tuple -> positions of the
+token that followed it) over prompt + generated tokens; each cycle adds the newly committed
+tokens in O(new tokens x max_match) dict updates, never rebuilding. Drafting a tree scans at
+most ``max_occurrences`` occurrences per match length, each for at most ``max_depth``
+tokens, so a cycle's cost does not grow with the context.
+
+Ranking (:func:`find_continuations`, :func:`build_trie`): occurrences of the longest matching
+suffix come first, shorter matches only fill the remaining budget. A trie node's priority is
+(longest match length through it, context occurrences of that length through it, all occurrences
+of that length through it, most recent such occurrence, shallower first): at equal match length
+the text being written outranks a datastore's corpus, however often the corpus repeats a
+phrase (an edit copies the function in its prompt, not a common idiom); a child never outranks its parent, and the best
+``num_draft_tokens`` nodes (at most ``max_branches`` children per node, ``max_depth`` deep)
+form the draft tree. No match: the tree is the root alone, and the cycle is one plain
+decoding step. These functions take plain token lists, not a session, so the same trie can
+later be grafted into a trained drafter's tree.
+
+Why sampling stays exact. The tree is a deterministic function of the committed text, so
+every candidate c_i of an expanded node u is a point-mass draft: q_i = delta(c_i). Trees
+carry ``draft_probs = None`` for that, and :func:`hf_spec.verify.verify_tree` then accepts c_i
+with probability p_i(c_i) and on rejection continues with p_{i+1} = p_i with c_i removed and
+renormalised; the last step samples the residual. Step i emits c_i with probability
+p_i(c_i) and, otherwise, a draw from p_{i+1}; so by induction over the candidates, each token
+x is emitted with probability p_u(x) (x = c_i: prod_{j<i}(1 - p_j(c_j)) p_i(c_i) = p_u(c_i),
+as p_i = p_u / (1 - sum_{j<i} p_u(c_j))). Whether u is in the tree and expanded depends on
+the committed text only, never on the verifier's draws, so conditioning on reaching u keeps
+this law: every emitted token follows the target's distribution exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import timing
+from ..tree.dynamic import TreeShape
+from ..tree.tree import DraftTree
+from .base import SpecDrafterConfig, SpecDrafterModel
+from .session import DraftingSession, check_ngram_branches
+
+
+class NGramIndex:
+    """Incremental hashed n-gram index of a growing token list.
+
+    ``tables[n][ngram]`` lists, oldest first, the positions p with ``tokens[p-n:p] == ngram``
+    (p is where the continuation starts). ``operations`` counts index updates (one per
+    appended token and n), for tests that the cost per token is flat.
+    """
+
+    def __init__(self, min_match: int, max_match: int):
+        if not 1 <= min_match <= max_match:
+            raise ValueError(f"need 1 <= min_match <= max_match, got min_match={min_match}, max_match={max_match}.")
+        self.min_match, self.max_match = min_match, max_match
+        self.tokens: list[int] = []
+        self.tables: dict[int, dict[tuple, list[int]]] = {n: {} for n in range(min_match, max_match + 1)}
+        self.operations = 0
+
+    def extend(self, new_tokens) -> None:
+        """Append tokens; each one becomes the known follower of the n-grams just before it."""
+        tokens = self.tokens
+        for token in new_tokens:
+            pos = len(tokens)
+            for n, table in self.tables.items():
+                if pos < n:
+                    break
+                key = tuple(tokens[pos - n : pos])
+                positions = table.get(key)
+                if positions is None:
+                    table[key] = [pos]
+                else:
+                    positions.append(pos)
+                self.operations += 1
+            tokens.append(int(token))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Continuation:
+    """The ``tokens`` that followed an earlier occurrence of the context's suffix.
+
+    ``match_length``: how many suffix tokens matched there; ``position``: where the
+    continuation starts in the context (larger = more recent).
+    """
+
+    tokens: list[int]
+    match_length: int
+    position: int
+
+
+def find_continuations(index: NGramIndex, max_depth: int, max_occurrences: int):
+    """Yield the continuations of the index's whole token list, longest match first, then most
+    recent first (lazily: a consumer that has enough stops the scan).
+
+    Scans each match length n from ``max_match`` down to ``min_match``, at most
+    ``max_occurrences`` new occurrences per n (a position found with a longer match is not
+    yielded again), each continuation at most ``max_depth`` tokens.
+    """
+    tokens = index.tokens
+    length = len(tokens)
+    seen: set[int] = set()
+    for n in range(min(index.max_match, length), index.min_match - 1, -1):
+        positions = index.tables[n].get(tuple(tokens[length - n :]))
+        if not positions:
+            continue
+        taken = 0
+        for pos in reversed(positions):
+            if taken >= max_occurrences:
+                break
+            if pos in seen:
+                continue
+            seen.add(pos)
+            taken += 1
+            yield Continuation(tokens[pos : pos + max_depth], n, pos)
+
+
+def continuations_with_datastore(index: NGramIndex, datastore, max_depth: int, max_occurrences: int):
+    """:func:`find_continuations` of the context merged with a :class:`~hf_spec.drafters.datastore.NGramDatastore`'s
+    corpus continuations of the same suffix (None: the context's alone). Per match length, longest first,
+    the context's occurrences come before the corpus's; corpus occurrences rank as older than any context one
+    (position -1). Drafted tokens stay a deterministic function of the committed text (point-mass drafts)."""
+    context = find_continuations(index, max_depth, max_occurrences)
+    if datastore is None:
+        yield from context
+        return
+    context = list(context)
+    stored = [Continuation(tokens, n, -1) for tokens, n in datastore.continuations(index.tokens, max_depth, max_occurrences)]
+    for n in sorted({c.match_length for c in context} | {c.match_length for c in stored}, reverse=True):
+        yield from (c for c in context if c.match_length == n)
+        yield from (c for c in stored if c.match_length == n)
+
+
+@dataclass
+class TrieNodes:
+    """A draft trie below a root (not included): node i has ``tokens[i]``, parent ``parents[i]``
+    (-1: the root), ``depths[i]`` >= 1 and ``counts[i]`` occurrences passing through it, in
+    BFS order (parents first), ``ranks[i]`` its rank (0 = best; a child ranks below its parent).
+    ``occurrences``: continuations the trie was built from."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    occurrences: int = 0
+    ranks: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def build_trie(continuations, num_nodes: int, max_depth: int, max_branches: int) -> TrieNodes:
+    """Merge ``continuations`` (as :func:`find_continuations` orders them) into a trie and keep
+    its ``num_nodes`` best nodes, at most ``max_branches`` children per node and ``max_depth``
+    deep (see the module docstring for the ranking). Shorter matches are read only while the
+    trie has fewer than ``num_nodes`` nodes."""
+    # Full trie; per node: token, parent, depth, best match length, count at it (and of context occurrences,
+    # position >= 0), recency, total count.
+    token_of, parent_of, depth_of = [], [], []
+    best_len, best_count, context_count, recency, total = [], [], [], [], []
+    children: list[dict[int, int]] = [{}]  # children[0] is the root's; node i's are children[i + 1]
+    occurrences, last_match = 0, None
+    for cont in continuations:
+        if last_match is not None and cont.match_length < last_match and len(token_of) >= num_nodes:
+            break
+        occurrences, last_match = occurrences + 1, cont.match_length
+        node = -1
+        for depth, token in enumerate(cont.tokens[:max_depth], start=1):
+            child = children[node + 1].get(token)
+            if child is None:
+                child = len(token_of)
+                children[node + 1][token] = child
+                children.append({})
+                token_of.append(token), parent_of.append(node), depth_of.append(depth)
+                best_len.append(cont.match_length), best_count.append(0), context_count.append(0)
+                recency.append(cont.position), total.append(0)
+            if cont.match_length == best_len[child]:  # continuations arrive longest match first
+                best_count[child] += 1
+                context_count[child] += cont.position >= 0
+            total[child] += 1
+            node = child
+    order = sorted(range(len(token_of)),
+                   key=lambda i: (-best_len[i], -context_count[i], -best_count[i], -recency[i], depth_of[i]))
+    kept: dict[int, int] = {}  # full-trie node -> rank
+    branches = {-1: 0}
+    for i in order:
+        if len(kept) >= num_nodes:
+            break
+        parent = parent_of[i]
+        if (parent >= 0 and parent not in kept) or branches.get(parent, 0) >= max_branches:
+            continue
+        kept[i] = len(kept)
+        branches[parent] = branches.get(parent, 0) + 1
+    bfs = sorted(kept, key=lambda i: (depth_of[i], kept[i]))
+    new_index = {old: new for new, old in enumerate(bfs)}
+    return TrieNodes(
+        tokens=[token_of[i] for i in bfs],
+        parents=[new_index[parent_of[i]] if parent_of[i] >= 0 else -1 for i in bfs],
+        depths=[depth_of[i] for i in bfs],
+        counts=[total[i] for i in bfs],
+        occurrences=occurrences,
+        ranks=[kept[i] for i in bfs],
+    )
+
+
+def trie_to_draft_tree(root_token: int, trie: TrieNodes, device=None) -> DraftTree:
+    """The :class:`DraftTree` of ``trie`` under ``root_token``, with point-mass candidates
+    (``draft_probs = None``); scores are log empirical frequencies of the paths."""
+    n = len(trie)
+    tokens = torch.tensor([root_token, *trie.tokens], dtype=torch.long, device=device)
+    parents = torch.tensor([-1, *(p + 1 for p in trie.parents)], dtype=torch.long, device=device)
+    depths = torch.tensor([0, *trie.depths], dtype=torch.long, device=device)
+    occurrences = max(trie.occurrences, 1)
+    scores = torch.tensor([0.0, *(c / occurrences for c in trie.counts)], dtype=torch.float32, device=device).log()
+    kids: dict[int, list[int]] = {}
+    for child in range(1, n + 1):
+        kids.setdefault(int(parents[child]), []).append(child)
+    expanded = sorted(kids)
+    width = max((len(v) for v in kids.values()), default=1)
+    candidate_nodes = torch.full((len(expanded), width), -1, dtype=torch.long)
+    for row, node in enumerate(expanded):
+        candidate_nodes[row, : len(kids[node])] = torch.tensor(kids[node])
+    candidate_nodes = candidate_nodes.to(device)
+    candidate_tokens = torch.where(candidate_nodes >= 0, tokens[candidate_nodes.clamp(min=0)], -1)
+    return DraftTree(tokens=tokens, parents=parents, depths=depths, scores=scores,
+                     expanded=torch.tensor(expanded, dtype=torch.long, device=device),
+                     candidate_tokens=candidate_tokens, candidate_nodes=candidate_nodes, draft_probs=None)  # fmt: skip
+
+
+def graft_trie(tree: DraftTree, trie: TrieNodes, max_new: int | None = None) -> DraftTree:
+    """``tree`` (a trained drafter's) with the branches of ``trie`` grafted under its root.
+
+    Trie nodes are taken best rank first (parents before children). A trie token that equals
+    an existing child is followed, not duplicated; any other becomes a new node (parent,
+    depth, its nearest drafted ancestor's score), at most ``max_new`` of them (None: all).
+    At every tree node u under a kept trie node, the tokens of u's kept trie children lead
+    u's candidate row as point-mass drafts (``num_point_mass``), shared or new node alike,
+    then u's drafter candidates as before; nodes without a row get one. The result is
+    renumbered in BFS order; ``from_ngram`` marks the new nodes. One host read of the tree.
+    """
+    device = tree.tokens.device
+    n, m, k = len(tree), tree.expanded.shape[0], tree.candidate_tokens.shape[1]
+    flat = torch.cat([tree.tokens, tree.parents, tree.depths, tree.expanded,
+                      tree.candidate_tokens.reshape(-1), tree.candidate_nodes.reshape(-1)]).tolist()  # fmt: skip
+    tokens, parents, depths = flat[:n], flat[n : 2 * n], flat[2 * n : 3 * n]
+    old_expanded = flat[3 * n : 3 * n + m]
+    cand = flat[3 * n + m :]
+    old_tokens = [cand[r * k : (r + 1) * k] for r in range(m)]
+    old_nodes = [cand[(m + r) * k : (m + r + 1) * k] for r in range(m)]
+    kids: list[dict[int, int]] = [{} for _ in range(n)]
+    for child in range(1, n):
+        kids[parents[child]].setdefault(tokens[child], child)
+    score_from = list(range(n))  # the drafted node whose score a node takes
+    mapped, point_mass, added = {-1: 0}, {}, 0
+    order = sorted(range(len(trie)), key=trie.ranks.__getitem__) if trie.ranks else range(len(trie))
+    for i in order:
+        parent = mapped.get(trie.parents[i])
+        if parent is None:
+            continue
+        token = trie.tokens[i]
+        node = kids[parent].get(token)
+        if node is None:
+            if max_new is not None and added >= max_new:
+                continue
+            node, added = len(tokens), added + 1
+            tokens.append(token), parents.append(parent), depths.append(depths[parent] + 1)
+            score_from.append(score_from[parent]), kids.append({})
+            kids[parent][token] = node
+        mapped[i] = node
+        point_mass.setdefault(parent, []).append(node)
+    if not point_mass:
+        return tree
+    slot = {node: s for s, node in enumerate(old_expanded)}
+    expanded = old_expanded + sorted(v for v in point_mass if v not in slot)
+    rows_tokens, rows_nodes = [], []
+    for s, v in enumerate(expanded):
+        pm = point_mass.get(v, [])
+        rows_tokens.append([tokens[c] for c in pm] + (old_tokens[s] if s < m else []))
+        rows_nodes.append(pm + (old_nodes[s] if s < m else []))
+    width = max(len(row) for row in rows_tokens)
+    total = len(tokens)
+    bfs = sorted(range(total), key=lambda i: (depths[i], i))
+    new_index = [0] * total
+    for new, old in enumerate(bfs):
+        new_index[old] = new
+
+    def remap(nodes):
+        return [new_index[v] if v >= 0 else -1 for v in nodes] + [-1] * (width - len(nodes))
+
+    def tensor(values, dtype=torch.long):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    draft_probs = tree.draft_probs
+    if draft_probs is not None and len(expanded) > m:
+        draft_probs = torch.cat([draft_probs, draft_probs.new_zeros(len(expanded) - m, draft_probs.shape[1])])
+    return DraftTree(
+        tokens=tensor([tokens[i] for i in bfs]),
+        parents=tensor([new_index[parents[i]] if parents[i] >= 0 else -1 for i in bfs]),
+        depths=tensor([depths[i] for i in bfs]),
+        scores=tree.scores[tensor([score_from[i] for i in bfs])],
+        expanded=tensor([new_index[v] for v in expanded]),
+        candidate_tokens=tensor([row + [-1] * (width - len(row)) for row in rows_tokens]),
+        candidate_nodes=tensor([remap(row) for row in rows_nodes]),
+        draft_probs=draft_probs,
+        num_point_mass=tensor([len(point_mass.get(v, [])) for v in expanded]),
+        from_ngram=torch.tensor([i >= n for i in bfs], dtype=torch.bool),
+    )
+
+
+def copy_budget(first: Continuation | None, max_match: int, copy_nodes: int, datastore_copy_nodes: int = 0,
+                match_nodes: int = 0, match_min_length: int = 2, datastore_match_nodes: int = 0) -> int:  # fmt: skip
+    """Nodes to draft if the best continuation ``first`` makes this a copy cycle, else 0: its match covers the
+    whole ``max_match``-token suffix, in the context (``copy_nodes``) or in a datastore (``datastore_copy_nodes``).
+    A shorter match of at least ``match_min_length`` tokens (or a full one whose copy budget is 0) is a *match
+    cycle*: ``match_nodes`` when it is in the context, ``datastore_match_nodes`` when only the datastore has it
+    (0: not a match cycle)."""
+    if first is None:
+        return 0
+    in_context = first.position >= 0
+    if first.match_length >= max_match:
+        budget = copy_nodes if in_context else datastore_copy_nodes
+        if budget:
+            return budget
+    budget = match_nodes if in_context else datastore_match_nodes
+    return budget if budget and first.match_length >= match_min_length else 0
+
+
+class NGramBranches:
+    """Context n-gram branches for a trained drafter's trees (the ``ngram_branches`` option).
+
+    Keeps the :class:`NGramIndex` of prompt + committed tokens (:meth:`extend`, fed the same
+    committed tokens as the drafter) and grafts continuation tries into each tree
+    (:meth:`graft`); with a ``datastore`` (the drafter's ``ngram_datastore``) the tries also hold
+    the corpus's continuations of the same suffix. Greedy: up to ``branches`` NEW nodes, taken from a trie big enough that
+    nodes shared with the drafter's tree cost nothing. Sampling: the trie of ``branches``
+    nodes alone, grafted whole (so at most ``branches`` new nodes too): it then depends on the
+    committed text only, never on the drafter's draws, which is what keeps the mixed
+    point-mass/sampled rejection sampling of :mod:`hf_spec.verify` exact.
+    """
+
+    def __init__(self, prompt_ids: torch.Tensor, max_match: int = 4, min_match: int = 1, max_occurrences: int = 16,
+                 datastore=None, copy_nodes: int = 0, datastore_copy_nodes: int = 0, match_nodes: int = 0,
+                 match_min_length: int = 2, datastore_match_nodes: int = 0):  # fmt: skip
+        self.max_occurrences = max_occurrences
+        self.datastore = datastore
+        self.copy_nodes, self.datastore_copy_nodes = copy_nodes, datastore_copy_nodes
+        self.match_nodes, self.match_min_length = match_nodes, match_min_length
+        self.datastore_match_nodes = datastore_match_nodes
+        """The cycle budgets of :func:`copy_budget`: the hybrid's ``ngram_copy_nodes``,
+        ``ngram_datastore_copy_nodes``, ``ngram_match_nodes``, ``ngram_match_min_length`` and
+        ``ngram_datastore_match_nodes``."""
+        self.index = NGramIndex(min_match, max_match)
+        self.index.extend(prompt_ids[0, :1].tolist())
+        self._scanned: tuple[tuple[int, int], list[Continuation]] | None = None
+
+    def extend(self, next_tokens: torch.Tensor) -> None:
+        """Index newly committed tokens (one host read)."""
+        self.index.extend(next_tokens.tolist())
+
+    def continuations(self, depth: int):
+        """An iterator over this cycle's continuations (:func:`continuations_with_datastore`, ``depth`` tokens
+        each), scanned once per cycle however many budgets and tries read them."""
+        key = (len(self.index.tokens), depth)
+        if self._scanned is None or self._scanned[0] != key:
+            found = continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences)
+            self._scanned = (key, list(found))
+        return iter(self._scanned[1])
+
+    @property
+    def has_cycle_budgets(self) -> bool:
+        """Whether any cycle can be a copy or match cycle: some budget of :func:`copy_budget` is set."""
+        return bool(self.copy_nodes or self.datastore_copy_nodes or self.match_nodes or self.datastore_match_nodes)
+
+    def copy_budget(self, depth: int) -> int:
+        """Nodes to draft on this cycle if it is a copy, else 0. A copy: the context repeats its whole
+        ``max_match``-token suffix (the answer is copying earlier text; ``copy_nodes``), or, with
+        ``datastore_copy_nodes`` > 0, the datastore does (a phrase the target wrote before; its own
+        budget, as corpus continuations branch more than a copied passage); with ``match_nodes`` (context) or
+        ``datastore_match_nodes`` (datastore only), a match of ``match_min_length`` tokens or more is a match
+        cycle (:func:`copy_budget`). A function of the committed text only."""
+        return self._copy_budget(next(self.continuations(depth), None))
+
+    def _copy_budget(self, first: Continuation | None) -> int:
+        return copy_budget(first, self.index.max_match, self.copy_nodes, self.datastore_copy_nodes, self.match_nodes,
+                           self.match_min_length, self.datastore_match_nodes)  # fmt: skip
+
+    def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
+        """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
+        ``depth``, ``shape.top_k`` branches per node; every drafted node is marked ``from_ngram``."""
+        continuations = self.continuations(depth)
+        tree = trie_to_draft_tree(root_token, build_trie(continuations, num_nodes, depth, shape.top_k), device=device)
+        tree.from_ngram = torch.arange(len(tree)) > 0
+        return tree
+
+    def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None) -> DraftTree:
+        """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: branching, and depth unless
+        ``depth`` reaches deeper); on a copy or match cycle (:meth:`copy_budget`) up to that cycle's budget if
+        larger. The budget depends on the committed text only."""
+        if branches <= 0:
+            return tree
+        depth = max(shape.depth, depth or 0)
+        continuations = self.continuations(depth)
+        first = next(continuations, None)
+        if first is None:
+            return tree
+        branches = max(branches, self._copy_budget(first))
+        num_nodes = branches if sample else branches + len(tree) - 1
+        trie = build_trie(itertools.chain([first], continuations), num_nodes, depth, shape.top_k)
+        return graft_trie(tree, trie, max_new=None if sample else branches)
+
+
+class NGramDrafterConfig(SpecDrafterConfig):
+    """Config of :class:`NGramDrafter` (no target fields: it serves any target).
+
+    Args:
+        max_match: longest context suffix looked up (default 4).
+        min_match: shortest suffix that counts as a match (default 1; 2 drafts less on
+            unrelated text).
+        num_draft_tokens: draft nodes per tree, root excluded (``tree_total_tokens``; default 8: on three
+            measured CPUs 8 beat 4 and 16, benchmarks/cross_machine_shape).
+        max_depth: deepest draft node (``tree_depth``; default 8).
+        max_branches: most children per node (``tree_top_k``; default 4; 1 gives a single
+            chain, like prompt lookup).
+        max_occurrences: most recent occurrences scanned per match length (default 16); bounds
+            a cycle's cost on very repetitive text.
+        copy_nodes: draft nodes on a *copy* cycle, one whose context repeats its whole ``max_match``-token
+            suffix earlier (the answer is copying earlier text, as in code edits); 0 (default): no copy cycles.
+            The hybrid drafters' ``ngram_copy_nodes`` for the n-gram drafter alone.
+        copy_depth: deepest node on a copy cycle (None: ``max(copy_nodes, max_depth)``).
+    """
+
+    model_type = "hf_spec_ngram"
+    default_training_method = None
+
+    def __init__(self, max_match: int = 4, min_match: int = 1, num_draft_tokens: int | None = None,
+                 max_depth: int | None = None, max_branches: int | None = None, max_occurrences: int = 16,
+                 copy_nodes: int = 0, copy_depth: int | None = None, **kwargs):  # fmt: skip
+        kwargs["tree_total_tokens"] = num_draft_tokens if num_draft_tokens is not None else kwargs.get("tree_total_tokens", 8)
+        kwargs["tree_depth"] = max_depth if max_depth is not None else kwargs.get("tree_depth", 8)
+        kwargs["tree_top_k"] = max_branches if max_branches is not None else kwargs.get("tree_top_k", 4)
+        if not 1 <= min_match <= max_match:
+            raise ValueError(f"NGramDrafterConfig needs 1 <= min_match <= max_match, got {min_match} and {max_match}.")
+        if not isinstance(max_occurrences, int) or max_occurrences < 1:
+            raise ValueError(f"max_occurrences must be a positive integer, got {max_occurrences!r}.")
+        self.max_match = max_match
+        self.min_match = min_match
+        self.max_occurrences = max_occurrences
+        self.copy_nodes = check_ngram_branches(copy_nodes, "copy_nodes")
+        if copy_depth is not None and (not isinstance(copy_depth, int) or copy_depth < 1):
+            raise ValueError(f"copy_depth must be a positive integer or None (max(copy_nodes, max_depth)), got {copy_depth!r}.")
+        self.copy_depth = copy_depth
+        super().__init__(**kwargs)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.tree_total_tokens
+
+    @property
+    def max_depth(self) -> int:
+        return self.tree_depth
+
+    @property
+    def max_branches(self) -> int:
+        return self.tree_top_k
+
+
+class NGramTreeShape(TreeShape):
+    """Tree budget of n-gram drafting: any positive depth/top_k/total_tokens, greedy or
+    sampling (point-mass drafts need no pinned expanded nodes)."""
+
+    def validate(self, sampling: bool) -> None:
+        super().validate(sampling=False)
+
+
+class NGramDrafter(SpecDrafterModel):
+    """Weightless drafter: trees of continuations of the context's suffix found earlier in the
+    context (see the module docstring), and with a ``datastore``
+    (:class:`~hf_spec.drafters.datastore.NGramDatastore`, e.g. of the target's own earlier answers) also
+    found in that corpus. ``target.generate(ids, assistant_model=NGramDrafter())``;
+    ``tree_depth`` / ``tree_top_k`` / ``tree_total_tokens`` override max_depth / max_branches /
+    num_draft_tokens for one call."""
+
+    config_class = NGramDrafterConfig
+
+    def __init__(self, config: NGramDrafterConfig | None = None, datastore=None, **config_kwargs):
+        if config is None:
+            config = NGramDrafterConfig(**config_kwargs)
+        elif config_kwargs:
+            raise ValueError("Pass either a config or config keyword arguments to NGramDrafter, not both.")
+        super().__init__(config)
+        self.ngram_datastore = datastore
+        self.post_init()
+
+    def bind(self, target):
+        """Any target works: nothing to check, borrow or move (there are no weights)."""
+        self._borrowed = (target.get_input_embeddings(), target.get_output_embeddings())
+        self._bound_target_config = target.config
+        return self
+
+    def tree_shape(self, depth=None, top_k=None, total_tokens=None) -> NGramTreeShape:
+        shape = super().tree_shape(depth, top_k, total_tokens)
+        return NGramTreeShape(depth=shape.depth, top_k=shape.top_k, total_tokens=shape.total_tokens)
+
+    def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
+        if prompt_ids is None:
+            raise ValueError("NGramDrafter drafts from tokens and needs the prompt (prompt_ids).")
+        return NGramDraftingSession(self.config, shape, prompt_ids, datastore=self.ngram_datastore)
+
+
+class NGramDraftingSession(DraftingSession):
+    """Drafting state of one generate() call: the n-gram index of prompt + generated tokens.
+
+    :meth:`propose` gets the committed tokens of each cycle (on the first call: the prompt
+    after its first token, then the first generated token); the last one is the new root.
+    ``forward_seconds`` accumulates the drafting time (there is no forward).
+    """
+
+    def __init__(self, config: NGramDrafterConfig, shape: TreeShape, prompt_ids: torch.Tensor, datastore=None):
+        self.shape = shape
+        self.datastore = datastore
+        self.max_occurrences = config.max_occurrences
+        self.copy_nodes = config.copy_nodes
+        self.copy_depth = max(shape.depth, config.copy_depth or config.copy_nodes)
+        self.index = NGramIndex(config.min_match, config.max_match)
+        self.index.extend(prompt_ids[0, :1].tolist())
+        self.forward_seconds = 0.0
+
+    def propose(self, features: torch.Tensor | None, next_tokens: torch.Tensor) -> DraftTree:
+        """Index ``next_tokens`` and draft the trie of continuations under ``next_tokens[-1]``."""
+        start = timing.clock(next_tokens.device)
+        self.index.extend(next_tokens.tolist())
+        shape = self.shape
+        longest = self.copy_depth if self.copy_nodes else shape.depth  # continuations long enough for a copy
+        continuations = continuations_with_datastore(self.index, self.datastore, longest, self.max_occurrences)
+        first = next(continuations, None)
+        copy = copy_budget(first, self.index.max_match, self.copy_nodes)  # 0 unless the context repeats its suffix
+        nodes, depth = (max(shape.total_tokens, copy), longest) if copy else (shape.total_tokens, shape.depth)
+        chain = itertools.chain([first], continuations) if first is not None else ()
+        trie = build_trie(chain, nodes, depth, shape.top_k)
+        tree = trie_to_draft_tree(int(next_tokens[-1]), trie, device=next_tokens.device)
+        self.forward_seconds += timing.clock(next_tokens.device) - start
+        return tree
