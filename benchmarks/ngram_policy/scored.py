@@ -3,7 +3,7 @@ session-36 trees (`../smollm2-drafters-that-pay/zen4_bf16_session37/ngram_before
 
     python scored.py plain0.json plain40.json plain70.json
 """
-import importlib.util, json, os, sys
+import json, os, sys
 
 import torch
 
@@ -12,11 +12,10 @@ from hf_spec.drafters.datastore import find_datastore
 from sim import evaluate, ngram_policy, pl_policy, table
 
 here = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location(
-    "hf_spec.drafters._ngram_before", os.path.join(here, "../smollm2-drafters-that-pay/zen4_bf16_session37/ngram_before.py"))
-before = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = before
-spec.loader.exec_module(before)
+sys.path.insert(0, os.path.join(here, "../smollm2-drafters-that-pay/zen4_bf16_session37"))
+import ngram_before  # noqa: E402
+
+before = ngram_before.load()
 
 
 def before_policy(datastore=None):

@@ -14,7 +14,7 @@ DATASETS (environment): default "mt_bench humaneval gsm8k code_edit". Prints per
 set each arm's geometric mean of tokens/s over the first arm's, τ and verified nodes per cycle, and the shape
 each folder chose on this machine.
 """
-import importlib.util, math, os, sys, time
+import math, os, sys, time
 
 import torch
 from transformers import AutoModel
@@ -26,11 +26,10 @@ from hf_spec.resources import load_model
 
 
 
-spec = importlib.util.spec_from_file_location("hf_spec.drafters._ngram_before",
-                                              os.path.join(os.path.dirname(os.path.abspath(__file__)), "ngram_before.py"))
-before = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = before  # dataclasses look their module up
-spec.loader.exec_module(before)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ngram_before  # noqa: E402
+
+before = ngram_before.load()
 BEFORE_HYBRIDS = set()  # drafters whose calls run with session 36's NGramBranches
 
 
