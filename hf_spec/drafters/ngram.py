@@ -217,10 +217,10 @@ def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int
     ``DATASTORE_FACTOR`` where the context has no such occurrence), x ``SHORTER_MATCH_FACTOR`` when
     continuations that matched longer go on below the parent elsewhere; its probability of being accepted is
     the product of q along its path. The best ``num_nodes`` nodes (at most ``max_branches`` children per node;
-    ties: shallower, then more recent) are taken best first; with ``node_cost`` c > 0 only the first n of them are kept, n maximizing
-    (1 + expected accepted tokens) / (1 + c * n): c is what one more verified node costs relative to a one-token
-    decoding step, so a cycle drafts deep where the text is being copied and little or nothing where no
-    occurrence is likely to be followed."""
+    ties: shallower, then more recent) are taken best first; with ``node_cost`` c > 0 only the first n of them
+    are kept, n maximizing (1 + expected accepted tokens) / (1 + c * n): c is what one more verified node costs
+    relative to a one-token decoding step, so a cycle drafts deep where the text is being copied and little or
+    nothing where no occurrence is likely to be followed."""
     # Per node and (match length, source): occurrences through the node, and those whose continuation stops there;
     # source 0 counts the context's occurrences, source 1 the context's and a corpus's together.
     token_of, parent_of, depth_of, best_len, recency, counts, ended = [], [], [], [], [], [], []
