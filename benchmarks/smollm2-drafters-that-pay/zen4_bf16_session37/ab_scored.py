@@ -10,7 +10,8 @@ ARM: name=<drafter folder> | name=ngram:<datastore folder or none>[:key=value,..
 plain | name=before:<datastore folder or none> (session 36's NGramDrafter: 8 nodes, depth 8, count-ranked trie) |
 name=before_hybrid:<drafter folder> (the folder with session 36's n-gram branches, count-ranked, swapped in for its
 calls only).
-DATASETS (environment): default "mt_bench humaneval gsm8k code_edit". Prints per prompt tokens/s, then per data
+DATASETS (environment): default "mt_bench humaneval gsm8k code_edit"; DTYPE: default bfloat16 (float32: every arm
+writes plain's text). Prints per prompt tokens/s, then per data
 set each arm's geometric mean of tokens/s over the first arm's, τ and verified nodes per cycle, and the shape
 each folder chose on this machine.
 """
@@ -49,7 +50,7 @@ skip, limit = int(sys.argv[1]), int(sys.argv[2])
 repeats = int(os.environ.get("REPEATS", "2"))
 datasets = os.environ.get("DATASETS", "mt_bench humaneval gsm8k code_edit").split()
 torch.set_num_threads(2)
-model, tok = load_model("smollm2-135m-instruct", dtype=torch.bfloat16)
+model, tok = load_model("smollm2-135m-instruct", dtype=getattr(torch, os.environ.get("DTYPE", "bfloat16")))
 arms = []
 for spec in sys.argv[3:]:
     name, _, what = spec.partition("=")

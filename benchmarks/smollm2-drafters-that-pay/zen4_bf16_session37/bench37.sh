@@ -11,3 +11,5 @@ python $R/ab_scored.py 64 5 plain=plain pl=pl before=before:none scored=ngram:no
 # Third run, the committed code (b17039d), prompts 52..56 of the four sets.
 python $R/ab_scored.py 52 5 plain=plain pl=pl before=before:none scored=ngram:none before+ds=before:$D scored+ds=ngram:$D \
   eagle_before=before_hybrid:$D eagle=$D ps_before=before_hybrid:$P ps=$P > $R/ab52.log 2>&1
+# Fourth run: float32, where every arm writes plain's text (lossless), context only, prompts 64..67.
+DTYPE=float32 python $R/ab_scored.py 64 4 plain=plain pl=pl before=before:none scored=ngram:none > $R/ab64_fp32.log 2>&1
