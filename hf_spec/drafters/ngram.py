@@ -12,7 +12,7 @@ tokens in O(new tokens x max_match) dict updates, never rebuilding. Drafting a t
 most ``max_occurrences`` occurrences per match length, each for at most ``max_depth``
 tokens, so a cycle's cost does not grow with the context.
 
-Ranking (:func:`find_continuations`, :func:`measure_match_lengths`, :func:`scored_trie`): occurrences of
+Ranking (:func:`ranked_continuations`, :func:`scored_trie`): occurrences of
 the longest matching suffix come first; an occurrence that matches the whole ``max_match`` suffix has its real
 match length measured (up to 32 tokens back), so a passage being copied outranks a common 4-gram. Every trie
 node gets an estimated probability that the target accepts it (:func:`match_acceptance`: the longer an
@@ -205,6 +205,14 @@ def measure_match_lengths(index: NGramIndex, continuations: list[Continuation], 
     if longer:
         continuations.sort(key=lambda c: -c.match_length)
     return continuations
+
+
+def ranked_continuations(index: NGramIndex, datastore, max_depth: int, max_occurrences: int) -> list[Continuation]:
+    """This cycle's continuations as :func:`scored_trie` takes them, for :class:`NGramDrafter` and the hybrids' branches
+    alike: :func:`continuations_with_datastore` (``datastore`` None: the context's alone), full-length context matches
+    measured (:func:`measure_match_lengths`), longest match first."""
+    found = list(continuations_with_datastore(index, datastore, max_depth, max_occurrences))
+    return measure_match_lengths(index, found)
 
 
 def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int, node_cost: float = 0.0) -> TrieNodes:
@@ -465,12 +473,11 @@ class NGramBranches:
         self.index.extend(next_tokens.tolist())
 
     def continuations(self, depth: int):
-        """An iterator over this cycle's continuations (:func:`continuations_with_datastore`, ``depth`` tokens
+        """An iterator over this cycle's continuations (:func:`ranked_continuations`, ``depth`` tokens
         each), scanned once per cycle however many budgets and tries read them."""
         key = (len(self.index.tokens), depth)
         if self._scanned is None or self._scanned[0] != key:
-            found = list(continuations_with_datastore(self.index, self.datastore, depth, self.max_occurrences))
-            self._scanned = (key, measure_match_lengths(self.index, found))
+            self._scanned = (key, ranked_continuations(self.index, self.datastore, depth, self.max_occurrences))
         return iter(self._scanned[1])
 
     @property
@@ -648,8 +655,7 @@ class NGramDraftingSession(DraftingSession):
         self.index.extend(next_tokens.tolist())
         shape = self.shape
         longest = self.copy_depth if self.copy_nodes else shape.depth  # continuations long enough for a copy
-        continuations = list(continuations_with_datastore(self.index, self.datastore, longest, self.max_occurrences))
-        measure_match_lengths(self.index, continuations)
+        continuations = ranked_continuations(self.index, self.datastore, longest, self.max_occurrences)
         first = continuations[0] if continuations else None
         copy = copy_budget(first, self.index.max_match, self.copy_nodes)  # 0 unless the context repeats its suffix
         nodes, depth = (max(shape.total_tokens, copy), longest) if copy else (shape.total_tokens, shape.depth)
