@@ -92,10 +92,20 @@ def speculative_decode(
     warn_if_emulated_bf16(model)
     if not drafter.is_bound_to(model):
         drafter.bind(model)
+    with compat.masked_sdpa_gqa(model.device):  # tree masks without copying the cache's key/value heads (CPU)
+        return _speculative_decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                   drafter=drafter, streamer=streamer, use_router=use_router,
+                                   options=dict(tree_depth=tree_depth, tree_top_k=tree_top_k,
+                                                tree_total_tokens=tree_total_tokens, tree_min_prob=tree_min_prob,
+                                                ngram_branches=ngram_branches),
+                                   **model_kwargs)  # fmt: skip
+
+
+def _speculative_decode(model, input_ids, logits_processor, stopping_criteria, generation_config, *, drafter,
+                        streamer, use_router, options: dict, **model_kwargs):  # fmt: skip
+    """:func:`speculative_decode` after its checks: the shape (``options``, else a candidate) and the loop."""
     do_sample = bool(generation_config.do_sample)
     choice = None
-    options = dict(tree_depth=tree_depth, tree_top_k=tree_top_k, tree_total_tokens=tree_total_tokens,
-                   tree_min_prob=tree_min_prob, ngram_branches=ngram_branches)  # fmt: skip
     if all(v is None for v in options.values()):
         choice = select_shape(model, drafter)  # the drafter's shape candidates, timed on this machine
         if choice is not None:

@@ -57,9 +57,10 @@ CANDIDATE_OPTIONS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_min_
 """The ``generate()`` options a candidate sets."""
 CANDIDATE_RESULTS = ("tau", "verified_nodes")
 """What a candidate achieved on held-aside prompts (machine-independent)."""
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 """Version of a cached :class:`CostProfile`'s JSON (2: verification curves of 7 timed rounds on a 256-token
-prefix, made non-decreasing; profiles of format 1, 3 rounds on 128 tokens, are measured again)."""
+prefix, made non-decreasing; profiles of format 1, 3 rounds on 128 tokens, are measured again; 3: verification
+timed as decoding now runs it on a CPU, masked GQA attention without repeated key/value heads)."""
 
 
 def check_candidates(candidates) -> list[dict]:

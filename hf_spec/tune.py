@@ -79,6 +79,7 @@ __all__ = [
     "measure_candidates",
     "measure_costs",
     "cost_profile",
+    "verify_cost_curve",
     "select_shape",
     "write_shape_candidates",
 ]
@@ -201,6 +202,13 @@ def _timed(fn, device):
 @torch.inference_mode()
 def measure_verify_cost(model, sizes: Sequence[int], prefix_length: int = 256, repeats: int = 7, seed: int = 0):
     """``{n: median ms of one target forward of n tree tokens on a cached prefix + the LM head over the n rows}``."""
+    from . import compat
+
+    with compat.masked_sdpa_gqa(model.device):  # as hf-spec's decoding verifies
+        return _measure_verify_cost(model, sizes, prefix_length, repeats, seed)
+
+
+def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeats: int, seed: int):
     from . import compat
     from .cache import crop_to
     from .decoding import target_sliding_window
@@ -510,9 +518,9 @@ def measure_candidates(model, drafter, prompts: Sequence[torch.Tensor], candidat
     return rows
 
 
-def _profile_key(model, drafter, candidates: list[dict]) -> str:
-    """What a cost profile depends on: machine, software, threads, device, dtype, target and drafter
-    architecture, and the candidates' options (never the load average or the date)."""
+def _machine_and_target(model) -> dict:
+    """What a timing of ``model`` depends on: machine, software, threads, device, dtype and the target's
+    architecture (never the load average or the date)."""
     from .bench.harness import machine_info
 
     device = model.device
@@ -525,10 +533,15 @@ def _profile_key(model, drafter, candidates: list[dict]) -> str:
     target = model.config.get_text_config().to_dict()
     target = {k: target.get(k) for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
                                          "num_attention_heads", "num_key_value_heads", "vocab_size")}  # fmt: skip
+    return {"machine": stable, "threads": torch.get_num_threads(), "device": str(device), "target": target}
+
+
+def _profile_key(model, drafter, candidates: list[dict]) -> str:
+    """What a cost profile depends on: :func:`_machine_and_target`, the drafter's architecture and the
+    candidates' options."""
     draft = {k: getattr(drafter.config, k, None) for k in ("model_type", "num_layers", "draft_vocab_size",
                                                            "router_num_groups", "tree_widths")}  # fmt: skip
-    payload = {"machine": stable, "threads": torch.get_num_threads(), "device": str(device), "target": target,
-               "drafter": draft, "candidates": [candidate_options(c) for c in candidates]}  # fmt: skip
+    payload = {**_machine_and_target(model), "drafter": draft, "candidates": [candidate_options(c) for c in candidates]}
     return json.dumps(payload, sort_keys=True, default=str)
 
 
@@ -540,10 +553,29 @@ def _cpu_flags_digest() -> str | None:
     return hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16] if flags else None
 
 
-def _profile_path(key: str) -> Path:
+def _cache_path(folder: str, key: str) -> Path:
     from .resources import cache_dir
 
-    return cache_dir() / "shape_costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    return cache_dir() / folder / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def _read_cached(path: Path, key: str) -> dict | None:
+    """The JSON cached at ``path`` if it is of :data:`CACHE_FORMAT` and for ``key``, else None."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == CACHE_FORMAT and data.get("key") == key else None
+
+
+def _write_cached(path: Path, data: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1) + "\n")
+    except OSError as error:  # a read-only cache only costs a re-measurement in the next process
+        logger.warning("hf-spec: could not cache a cost measurement in %s (%s)", path, error)
 
 
 @torch.inference_mode()
@@ -590,26 +622,54 @@ def cost_profile(model, drafter, candidates: list[dict]) -> CostProfile:
     key = _profile_key(model, drafter, candidates)
     if key in _profiles:
         return _profiles[key]
-    path = _profile_path(key)
+    path = _cache_path("shape_costs", key)
+    data = _read_cached(path, key)
     profile = None
-    if path.is_file():
+    if data is not None:
         try:
-            data = json.loads(path.read_text())
-            if data.get("format") == CACHE_FORMAT and data.get("key") == key:
-                profile = CostProfile.from_json(data)
-        except (OSError, ValueError, KeyError):
+            profile = CostProfile.from_json(data)
+        except (ValueError, KeyError, TypeError):
             profile = None
     if profile is None:
         logger.warning("hf-spec: timing this machine once to choose %s's draft-tree shape (cached in %s)",
                        type(drafter).__name__, path.parent)  # fmt: skip
         profile = measure_costs(model, drafter, candidates, key)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
-        except OSError as error:  # a read-only cache only costs a re-measurement in the next process
-            logger.warning("hf-spec: could not cache the cost profile (%s)", error)
+        _write_cached(path, profile.to_json())
     _profiles[key] = profile
     return profile
+
+
+VERIFY_CURVE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+"""Tree sizes whose verification cost :func:`verify_cost_curve` measures."""
+_curves: dict = {}
+"""Verification cost curves measured or read in this process, by key."""
+
+
+def verify_cost_curve(model) -> dict[int, float]:
+    """This machine's verification cost curve for ``model``: ``{n: ms of one target forward of n tree tokens
+    + the LM head over them}`` at :data:`VERIFY_CURVE_SIZES` (7 rounds, median, made non-decreasing), from this
+    process's memory, else ``$HF_SPEC_CACHE/verify_costs/``, else measured (a few seconds on a CPU) and cached.
+    It depends on the machine, threads, device, dtype and the target's shape, not on any drafter: drafters
+    that size their trees per cycle (:class:`~hf_spec.NGramDrafter`) weigh a node's acceptance against it."""
+    key = json.dumps(_machine_and_target(model), sort_keys=True, default=str)
+    if key in _curves:
+        return _curves[key]
+    path = _cache_path("verify_costs", key)
+    data = _read_cached(path, key)
+    curve = None
+    if data is not None:
+        try:
+            curve = {int(n): float(ms) for n, ms in data["verify_ms"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            curve = None
+    if not curve:
+        logger.warning("hf-spec: timing this machine's verification of 1-%d tokens once (cached in %s)",
+                       VERIFY_CURVE_SIZES[-1], path.parent)  # fmt: skip
+        with torch.inference_mode():
+            curve = non_decreasing(measure_verify_cost(model, VERIFY_CURVE_SIZES, prefix_length=256, repeats=7))
+        _write_cached(path, {"format": CACHE_FORMAT, "key": key, "verify_ms": {str(n): ms for n, ms in curve.items()}})
+    _curves[key] = curve
+    return curve
 
 
 def select_shape(model, drafter) -> ShapeChoice | None:

@@ -182,3 +182,36 @@ def test_greedy_equality_on_cuda():
     assert torch.equal(out, expected)
     stats = drafter.last_generation_stats
     assert 0 < stats.target_forward_seconds <= stats.total_seconds
+
+
+def test_masked_sdpa_gqa_passes_grouped_heads_unrepeated_and_changes_no_result(monkeypatch):
+    """transformers' TRANSFORMERS_SDPA_FORCE_GQA switch (read by sdpa_attention.use_gqa_in_sdpa) makes a masked
+    SDPA call take grouped key/value heads as they are; a tree verification then gives the same logits."""
+    from transformers.integrations import sdpa_attention
+
+    monkeypatch.delenv(compat.SDPA_FORCE_GQA, raising=False)
+    keys, mask = torch.zeros(1, 2, 5, 8), torch.zeros(1, 1, 3, 5)
+    assert not sdpa_attention.use_gqa_in_sdpa(mask, keys, keys)
+    target = make_target("llama")  # 4 heads, 2 key/value heads
+    cache = DynamicCache()
+    prompt, tree = random_prompt(12), hf_spec.DraftTree.chain(3, torch.tensor([5, 7, 9]))
+    with torch.no_grad():
+        target(input_ids=prompt, past_key_values=cache, use_cache=True)
+
+        def verify():
+            out = target(input_ids=tree.tokens.view(1, -1), attention_mask=tree.attention_mask(12, torch.float32, None),
+                         position_ids=tree.position_ids(12), past_key_values=cache, use_cache=True).logits
+            compat.crop_cache(cache, 12)
+            return out
+
+        repeated = verify()
+        with compat.masked_sdpa_gqa(torch.device("cpu")):
+            assert sdpa_attention.use_gqa_in_sdpa(mask, keys, keys), (
+                "transformers no longer reads TRANSFORMERS_SDPA_FORCE_GQA in use_gqa_in_sdpa (compat.masked_sdpa_gqa)")
+            grouped = verify()
+    import os
+
+    assert compat.SDPA_FORCE_GQA not in os.environ  # restored
+    torch.testing.assert_close(grouped, repeated, rtol=1e-5, atol=1e-5)
+    with compat.masked_sdpa_gqa(torch.device("meta")):  # not a CPU (CUDA would fall back to the math kernel)
+        assert compat.SDPA_FORCE_GQA not in os.environ

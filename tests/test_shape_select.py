@@ -168,7 +168,7 @@ def test_a_profile_of_an_older_cache_format_is_measured_again(tmp_path, monkeypa
     fresh = {n: 2.0 * n for n in tune.VERIFY_SIZES}
     monkeypatch.setattr(tune, "measure_costs", lambda model, drafter, candidates, key="": CostProfile(fresh, [3.0, 9.0], key))
     assert tune.cost_profile(target, drafter, [SMALL, WIDE]).verify_ms == fresh
-    assert json.loads(path.read_text())["format"] == tune.CACHE_FORMAT == 2
+    assert json.loads(path.read_text())["format"] == tune.CACHE_FORMAT == 3
 
 
 def test_measured_verification_curves_never_fall(monkeypatch):
