@@ -232,6 +232,49 @@ def test_node_cost_sizes_the_tree():
         hf_spec.NGramDrafter(node_cost=-1)
 
 
+def test_default_sizes_trees_by_this_machines_measured_verification_costs(monkeypatch):
+    """node_cost None: the cut weighs acceptance against the target's measured curve (tune.verify_cost_curve),
+    so a flat curve (a GPU, AMX) drafts the whole tree and a steep one drafts nothing on a weak match."""
+    from hf_spec import tune
+    from hf_spec.drafters.ngram import relative_node_costs
+
+    context = torch.tensor([[4, 8, 2, 9, 8]])
+    target = make_target("llama")
+    drafter = hf_spec.NGramDrafter()
+    assert drafter.config.node_cost is None
+    sizes = {}
+    for name, curve in {"flat": {1: 10.0, 64: 10.0}, "steep": {1: 10.0, 2: 20.0, 64: 640.0}}.items():
+        monkeypatch.setattr(tune, "verify_cost_curve", lambda model, curve=curve: curve)
+        session = drafter.new_drafting_session(target, drafter.tree_shape(), False, prompt_ids=context)
+        sizes[name] = len(session.propose(None, context[0, 1:])) - 1
+    assert sizes == {"flat": 3, "steep": 0}
+    # a straight-line curve prices each node as the same number would: t(n + 1) / t(1) - 1 = c * n
+    assert relative_node_costs({1: 40.0, 17: 56.0}, 16, margin=1.0) == pytest.approx([1 + 0.025 * n for n in range(17)])
+    # a fixed number wins over the machine; no target (replays): the fallback number
+    assert hf_spec.NGramDrafter(node_cost=0.5).node_costs(target, 16) == 0.5
+    assert drafter.node_costs(None, 16) == hf_spec.drafters.ngram.FALLBACK_NODE_COST
+
+
+def test_verify_cost_curve_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    from hf_spec import tune
+
+    monkeypatch.setenv("HF_SPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(tune, "_curves", {})
+    calls = []
+
+    def measure(model, sizes, **kwargs):
+        calls.append(sizes)
+        return {n: 10.0 + n - (6.0 if n == 8 else 0.0) for n in sizes}  # a dip at 8 is timing noise
+
+    monkeypatch.setattr(tune, "measure_verify_cost", measure)
+    target = make_target("llama")
+    curve = tune.verify_cost_curve(target)
+    assert calls == [tune.VERIFY_CURVE_SIZES] and curve[8] == curve[4] == 14.0 and curve[64] == 74.0
+    monkeypatch.setattr(tune, "_curves", {})  # a new process: read from $HF_SPEC_CACHE/verify_costs, not timed again
+    assert tune.verify_cost_curve(target) == curve and len(calls) == 1
+    assert len(list((tmp_path / "verify_costs").glob("*.json"))) == 1
+
+
 # -- cost --------------------------------------------------------------------------------------
 def test_per_cycle_cost_is_flat_in_context_length():
     """Index updates per token and occurrences scanned per tree do not grow with the context."""

@@ -41,6 +41,7 @@ this law: every emitted token follows the target's distribution exactly.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -183,6 +184,26 @@ MEASURED_MATCH = 32
 """How far back :func:`measure_match_lengths` compares a full-length match (a longer one counts as 32)."""
 
 
+COST_MARGIN = 1.2
+""":func:`relative_node_costs` prices every verified node 1.2x what this machine's measured curve says: the
+acceptance model is optimistic on text it was not fitted on, and a slightly dearer node makes up for it (on
+SmolLM2-135M bf16 on a 2-core Zen 4 this gives session 37's fitted 0.035 per node; benchmarks/ngram_policy/)."""
+FALLBACK_NODE_COST = 0.035
+"""Per-node cost where no target can be timed (a drafting session made without one, as the replays make)."""
+
+
+def relative_node_costs(verify_ms: dict[int, float], max_nodes: int, margin: float = COST_MARGIN) -> list[float]:
+    """``[cost of a cycle verifying n draft nodes / cost of a one-token step for n in 0..max_nodes]`` from a
+    verification cost curve ``{tokens: ms}`` (:func:`hf_spec.tune.verify_cost_curve`; n draft nodes and the root
+    are n + 1 tokens), the increase over one token scaled by ``margin``: what :func:`scored_trie`'s size cut
+    weighs expected accepted tokens against. Flat where verifying more tokens is almost free (a GPU, a CPU with
+    AMX), so the trees grow there; steeper on CPUs without AMX."""
+    from ..shape_select import interpolate_cost
+
+    one = interpolate_cost(verify_ms, 1)
+    return [1.0 + margin * (interpolate_cost(verify_ms, n + 1) - one) / one for n in range(max_nodes + 1)]
+
+
 def match_acceptance(matched: int) -> float:
     """Estimated probability that the target continues as an occurrence that has matched the context's last
     ``matched`` tokens does: 1 - 0.7 * matched ** -0.75 (0.30 at 1 token, 0.75 at 4, 0.87 at 9, 0.95 at 32)."""
@@ -215,7 +236,8 @@ def ranked_continuations(index: NGramIndex, datastore, max_depth: int, max_occur
     return measure_match_lengths(index, found)
 
 
-def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int, node_cost: float = 0.0) -> TrieNodes:
+def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int,
+                node_cost: float | Sequence[float] = 0.0) -> TrieNodes:  # fmt: skip
     """The draft trie of ``continuations`` (longest match first) ranked by estimated acceptance probability.
 
     Every node u of the full trie (``max_depth`` deep) gets q(u) = share * :func:`match_acceptance` (L + depth - 1),
@@ -225,10 +247,11 @@ def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int
     ``DATASTORE_FACTOR`` where the context has no such occurrence), x ``SHORTER_MATCH_FACTOR`` when
     continuations that matched longer go on below the parent elsewhere; its probability of being accepted is
     the product of q along its path. The best ``num_nodes`` nodes (at most ``max_branches`` children per node;
-    ties: shallower, then more recent) are taken best first; with ``node_cost`` c > 0 only the first n of them
-    are kept, n maximizing (1 + expected accepted tokens) / (1 + c * n): c is what one more verified node costs
-    relative to a one-token decoding step, so a cycle drafts deep where the text is being copied and little or
-    nothing where no occurrence is likely to be followed."""
+    ties: shallower, then more recent) are taken best first; with a ``node_cost`` only the first n of them are
+    kept, n maximizing (1 + expected accepted tokens) / cost(n), cost(n) being what a cycle verifying n draft
+    nodes costs relative to a one-token decoding step: 1 + c * n for a number c (0: no cut), ``node_cost[n]`` for
+    a sequence (:func:`relative_node_costs`; its last value past its end). So a cycle drafts deep where the text
+    is being copied and little or nothing where no occurrence is likely to be followed."""
     # Per node and (match length, source): occurrences through the node, and those whose continuation stops there;
     # source 0 counts the context's occurrences, source 1 the context's and a corpus's together.
     token_of, parent_of, depth_of, best_len, recency, counts, ended = [], [], [], [], [], [], []
@@ -296,12 +319,16 @@ def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int
             continue
         kept.append(i), is_kept.add(i)
         branches[parent] = branches.get(parent, 0) + 1
-    if node_cost > 0:
-        best, size, gain = 1.0, 0, 1.0
+    if not isinstance(node_cost, (int, float)) or node_cost > 0:
+        if isinstance(node_cost, (int, float)):
+            cost = [1.0 + node_cost * n for n in range(len(kept) + 1)]
+        else:
+            cost = list(node_cost) + [node_cost[-1]] * max(len(kept) + 1 - len(node_cost), 0)
+        best, size, gain = 1.0 / cost[0], 0, 1.0
         for n, i in enumerate(kept, start=1):
             gain += probability[i]
-            if gain / (1.0 + node_cost * n) > best:
-                best, size = gain / (1.0 + node_cost * n), n
+            if gain / cost[n] > best:
+                best, size = gain / cost[n], n
         kept = kept[:size]
     rank = {node: r for r, node in enumerate(kept)}
     bfs = sorted(kept, key=lambda i: (depth_of[i], rank[i]))
@@ -541,12 +568,13 @@ class NGramDrafterConfig(SpecDrafterConfig):
             suffix earlier (the answer is copying earlier text, as in code edits); 0 (default): no copy cycles.
             The hybrid drafters' ``ngram_copy_nodes`` for the n-gram drafter alone.
         copy_depth: deepest node on a copy cycle (None: ``max(copy_nodes, max_depth)``).
-        node_cost: what one more verified node costs relative to a one-token decoding step (default 0.035:
-            SmolLM2-135M bf16 on a 2-core Zen 4 pays ~1 ms a node on a ~40 ms step, and a slightly dearer node
-            makes up for the acceptance model's optimism; benchmarks/ngram_policy/scored_trees.md). Each cycle keeps
-            the best-first prefix of its tree that maximizes (1 + expected accepted tokens) / (1 + node_cost *
-            nodes) (:func:`scored_trie`); 0: always ``num_draft_tokens`` nodes. Lower it where verifying more
-            tokens is almost free (a GPU, a CPU with AMX).
+        node_cost: how a cycle's tree is sized. None (default): from this machine's measured verification cost
+            of 1-64 tokens on the target (:func:`hf_spec.tune.verify_cost_curve`, timed once in a few seconds and
+            cached; :func:`relative_node_costs`), so the trees grow where verifying more tokens is almost free (a
+            GPU, a CPU with AMX) and shrink where it is not. A number c: every verified node costs c one-token
+            decoding steps (0.035 suits SmolLM2-135M bf16 on a 2-core Zen 4). Each cycle keeps the best-first
+            prefix of its tree that maximizes (1 + expected accepted tokens) / cost (:func:`scored_trie`); 0: always
+            ``num_draft_tokens`` nodes.
     """
 
     model_type = "hf_spec_ngram"
@@ -554,7 +582,7 @@ class NGramDrafterConfig(SpecDrafterConfig):
 
     def __init__(self, max_match: int = 4, min_match: int = 1, num_draft_tokens: int | None = None,
                  max_depth: int | None = None, max_branches: int | None = None, max_occurrences: int = 16,
-                 copy_nodes: int = 0, copy_depth: int | None = None, node_cost: float = 0.035, **kwargs):  # fmt: skip
+                 copy_nodes: int = 0, copy_depth: int | None = None, node_cost: float | None = None, **kwargs):  # fmt: skip
         kwargs["tree_total_tokens"] = num_draft_tokens if num_draft_tokens is not None else kwargs.get("tree_total_tokens", 16)
         kwargs["tree_depth"] = max_depth if max_depth is not None else kwargs.get("tree_depth", 16)
         kwargs["tree_top_k"] = max_branches if max_branches is not None else kwargs.get("tree_top_k", 4)
@@ -569,9 +597,11 @@ class NGramDrafterConfig(SpecDrafterConfig):
         if copy_depth is not None and (not isinstance(copy_depth, int) or copy_depth < 1):
             raise ValueError(f"copy_depth must be a positive integer or None (max(copy_nodes, max_depth)), got {copy_depth!r}.")
         self.copy_depth = copy_depth
-        if isinstance(node_cost, bool) or not isinstance(node_cost, (int, float)) or not 0 <= node_cost < float("inf"):
-            raise ValueError(f"node_cost must be a finite number >= 0 (0: always draft num_draft_tokens nodes), got {node_cost!r}.")
-        self.node_cost = float(node_cost)
+        if node_cost is not None and (isinstance(node_cost, bool) or not isinstance(node_cost, (int, float))
+                                      or not 0 <= node_cost < float("inf")):  # fmt: skip
+            raise ValueError(f"node_cost must be None (this machine's measured costs), or a finite number >= 0 "
+                             f"(0: always draft num_draft_tokens nodes), got {node_cost!r}.")  # fmt: skip
+        self.node_cost = None if node_cost is None else float(node_cost)
         super().__init__(**kwargs)
 
     @property
@@ -624,10 +654,28 @@ class NGramDrafter(SpecDrafterModel):
         shape = super().tree_shape(depth, top_k, total_tokens)
         return NGramTreeShape(depth=shape.depth, top_k=shape.top_k, total_tokens=shape.total_tokens)
 
+    # hf-spec:hub-begin -- sizing by this machine's measured costs (hf_spec.tune) needs hf_spec itself; a
+    # remote-code drafter never drafts (generate() asks for hf-spec), so these lines are left out of it.
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         if prompt_ids is None:
             raise ValueError("NGramDrafter drafts from tokens and needs the prompt (prompt_ids).")
-        return NGramDraftingSession(self.config, shape, prompt_ids, datastore=self.ngram_datastore)
+        session = NGramDraftingSession(self.config, shape, prompt_ids, datastore=self.ngram_datastore)
+        session.node_cost = self.node_costs(target, max(shape.total_tokens, self.config.copy_nodes))
+        return session
+
+    def node_costs(self, target, max_nodes: int) -> float | list[float]:
+        """What :func:`scored_trie` sizes this drafter's trees by on ``target``: ``config.node_cost`` when set,
+        else :func:`relative_node_costs` of this machine's measured curve (:data:`FALLBACK_NODE_COST` without a
+        target)."""
+        if self.config.node_cost is not None:
+            return self.config.node_cost
+        if target is None:
+            return FALLBACK_NODE_COST
+        from ..tune import verify_cost_curve
+
+        return relative_node_costs(verify_cost_curve(target), max_nodes)
+
+    # hf-spec:hub-end
 
 
 class NGramDraftingSession(DraftingSession):
@@ -644,7 +692,7 @@ class NGramDraftingSession(DraftingSession):
         self.max_occurrences = config.max_occurrences
         self.copy_nodes = config.copy_nodes
         self.copy_depth = max(shape.depth, config.copy_depth or config.copy_nodes)
-        self.node_cost = config.node_cost
+        self.node_cost = FALLBACK_NODE_COST if config.node_cost is None else config.node_cost  # NGramDrafter sets it
         self.index = NGramIndex(config.min_match, config.max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
         self.forward_seconds = 0.0
