@@ -435,3 +435,56 @@ def test_match_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind
         hf_spec.EagleDrafter.from_target(target, ngram_datastore_match_nodes=-1)
 
 
+
+
+# -- the cost gate (ngram_cost_gate) -------------------------------------------------------------
+def test_cycle_gate_drafts_until_measured_then_weighs_the_drafters_gain_against_its_cost():
+    from hf_spec.drafters.ngram import CycleGate
+
+    gate = CycleGate({1: 10.0, 17: 14.0}, 16)  # each node +0.25 ms on a 10 ms step, x1.2: 3% of a step
+    assert gate.node_costs[16] == pytest.approx(1.48)
+    assert not gate.prefers_ngram(8.0, 16)  # nothing measured yet: the drafter runs
+    gate.record_drafted(8, 5.0, 1.5)  # 8 drafter nodes, half a step of drafting; the trie expected 1.5 tokens
+    gate.record_committed(3.5)  # the drafter gained 2 tokens: mean gain (4 x 1 prior + 2) / 5 = 1.2
+    gate.record_committed(9)  # not after a drafted cycle: no gain sample
+    # nothing to copy (1 token expected, no nodes): 1.0 alone vs (1 + 1.2) / (1 + 0.03 x 8 + 0.5) = 1.26
+    assert not gate.prefers_ngram(1.0, 0)
+    # a copied passage (8 tokens expected from 16 nodes): 8 / 1.48 = 5.4 alone vs 9.2 / (1 + 0.03 x 24 + 0.5) = 4.1
+    assert gate.prefers_ngram(8.0, 16)
+    assert gate.prefers_ngram(6.8, 12) and not gate.prefers_ngram(2.0, 12)  # 1.47 alone vs 1.52 drafted
+
+
+def test_cost_gate_stays_lossless_and_skips_the_drafter_on_a_repetitive_text(monkeypatch):
+    """With ngram_cost_gate the n-gram trie alone replaces drafted cycles where it is worth more: greedy output
+    equals plain and fewer drafter forwards run than without the gate."""
+    from hf_spec import tune
+
+    # a target step of 0.5 ms: the untrained drafter's forwards cost several steps and add little
+    monkeypatch.setattr(tune, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
+    target = make_target("llama")
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    forwards = {}
+    for gate in (False, True):
+        drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_depth=8, ngram_cost_gate=gate)
+        forwards[gate], _ = copy_cycle_run(monkeypatch, target, prompt, expected, drafter)
+        assert drafter.last_generation_stats.drafter_skipped_cycles > 0 if gate else True
+    assert forwards[True] < forwards[False]
+    # a call that turns the n-gram branches off drafts every cycle, gate or not
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, ngram_branches=0)
+    assert torch.equal(out, expected) and drafter.last_generation_stats.drafter_skipped_cycles == 0
+
+
+def test_sampled_distribution_with_the_cost_gate_equals_target(monkeypatch):
+    """The gate's choice depends on the committed text and earlier cycles only: the sampled law stays the target's."""
+    from hf_spec import tune
+
+    monkeypatch.setattr(tune, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
+    target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_depth=3, ngram_cost_gate=True)
+    calls = count_drafter_forwards(monkeypatch)
+    counts, num_cycles = sample_counts(target, prompt, drafter, 2470, "cycles", tree_depth=2, tree_top_k=2,
+                                       tree_total_tokens=2)  # fmt: skip
+    p_value = chi_square_pvalue(counts, exact)
+    assert p_value > P_VALUE_FLOOR, p_value
+    assert calls[0] < 2 * num_cycles  # some cycles skipped the drafter

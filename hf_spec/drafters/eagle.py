@@ -25,7 +25,7 @@ from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .layer_config import decoder_layer_config
-from .ngram import NGramBranches
+from .ngram import CycleGate, NGramBranches
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
 from .session import DraftingSession, check_ngram_branches
 
@@ -94,6 +94,12 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_datastore_match_nodes: the same for a best continuation found only in the datastore (0: off). Off
             in the shipped folders: there the drafter still adds 5-15% more accepted tokens, about what its
             forward costs, and skipping it lost on fresh prompts (zen4_bf16_session33/match_cycles_ab).
+        ngram_cost_gate: decide each cycle by expected value instead of the copy/match-cycle rules above. Every
+            cycle builds the n-gram trie as :class:`~hf_spec.NGramDrafter` would (up to ``ngram_copy_nodes``, else
+            16, nodes to ``ngram_depth``, cut by this machine's measured verification cost); the drafter runs, its
+            tree taking at least that trie's nodes as branches, only when the tokens it has added per cycle so far
+            pay for its forwards and nodes (:class:`~hf_spec.drafters.ngram.CycleGate`); else the trie alone is
+            verified. Needs ``ngram_branches`` > 0. Default False.
     """
 
     model_type = "hf_spec_eagle"
@@ -115,6 +121,7 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_match_nodes: int = 0,
         ngram_match_min_length: int = 2,
         ngram_datastore_match_nodes: int = 0,
+        ngram_cost_gate: bool = False,
         **kwargs,
     ):
         self.ngram_branches = check_ngram_branches(ngram_branches)
@@ -129,6 +136,7 @@ class EagleDrafterConfig(SpecDrafterConfig):
         if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
             raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
         self.ngram_depth = ngram_depth
+        self.ngram_cost_gate = bool(ngram_cost_gate)
         self.num_layers = num_layers
         self.layer_config = layer_config or {}
         self.router_num_groups = router_num_groups
@@ -315,8 +323,17 @@ class EagleDrafter(SpecDrafterModel):
             past_key_values=past_key_values,
         )
 
+    # hf-spec:hub-begin -- the cost gate reads this machine's measured costs (hf_spec.tune); a remote-code drafter
+    # never drafts (generate() asks for hf-spec), so these lines are left out of it.
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
-        return EagleDraftingSession(self, shape, do_sample, temperature, prompt_ids)
+        session = EagleDraftingSession(self, shape, do_sample, temperature, prompt_ids)
+        if self.config.ngram_cost_gate and session.ngram_branches > 0 and target is not None:
+            from ..tune import verify_cost_curve
+
+            session.gate = CycleGate(verify_cost_curve(target), session.gate_nodes())
+        return session
+
+    # hf-spec:hub-end
 
 
 def positions_and_mask(x: torch.Tensor, position_ids, attention_mask, past_key_values):
@@ -373,6 +390,10 @@ class EagleDraftingSession(DraftingSession):
         """Committed (features, tokens) of copy cycles that skipped the drafter, not yet in its cache."""
         self.skipped_cycles = 0
         """Cycles that drafted the n-gram trie alone (no drafter forward)."""
+        self.gate: CycleGate | None = None
+        """With ``ngram_cost_gate``: chooses each cycle between the n-gram trie alone and drafting."""
+        self._gated: tuple[int, float] | None = None
+        """This cycle's n-gram trie under :attr:`gate`: its nodes and expected committed tokens (None: not weighed)."""
 
     @property
     def supports_router(self) -> bool:
@@ -402,13 +423,14 @@ class EagleDraftingSession(DraftingSession):
         return True
 
     def graft_ngram(self, tree: DraftTree) -> DraftTree:
-        """Graft up to ``ngram_branches`` n-gram nodes (``ngram_copy_nodes`` on a copy cycle) into
-        ``tree`` (unchanged when the option is off)."""
+        """Graft up to ``ngram_branches`` n-gram nodes (``ngram_copy_nodes`` on a copy cycle; under the cost gate
+        at least as many as its cost-sized trie holds) into ``tree`` (unchanged when the option is off)."""
         if self.ngram_branches <= 0:
             return tree
         start = timing.clock(self.drafter.device)
         config = self.drafter.config
-        tree = self._ngram.graft(tree, self.shape, self.ngram_branches, self.do_sample, depth=config.ngram_depth)
+        branches = max(self.ngram_branches, self._gated[0]) if self._gated is not None else self.ngram_branches
+        tree = self._ngram.graft(tree, self.shape, branches, self.do_sample, depth=config.ngram_depth)
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
 
@@ -416,8 +438,11 @@ class EagleDraftingSession(DraftingSession):
         """Index the committed tokens for the n-gram branches. On a copy cycle that skips the drafter
         (``ngram_copy_skips_drafter``) return ``(n-gram tree, None, None)`` and keep the pairs for
         later; else ``(None, features, next_tokens)`` with any kept pairs in front, for the drafter."""
+        self._gated = None
         if self._index_ngrams(next_tokens):
-            copy = self._copy_tree(next_tokens[-1])
+            if self.gate is not None:
+                self.gate.record_committed(next_tokens.shape[0])
+            copy = self._gated_tree(next_tokens[-1]) if self.gate is not None else self._copy_tree(next_tokens[-1])
             if copy is not None:  # the drafter reads these pairs with the next drafted cycle's
                 self._deferred.append((features, next_tokens))
                 self.skipped_cycles += 1
@@ -439,6 +464,21 @@ class EagleDraftingSession(DraftingSession):
         tree = self._ngram.tree(int(root_token), self.shape, budget, depth, root_token.device) if budget else None
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
+
+    def gate_nodes(self) -> int:
+        """Most nodes of the n-gram trie that :attr:`gate` weighs against drafting."""
+        return self.drafter.config.ngram_copy_nodes or 16
+
+    def _gated_tree(self, root_token: torch.Tensor) -> DraftTree | None:
+        """The n-gram trie alone, sized by this machine's costs, if :attr:`gate` prefers it to drafting; else None."""
+        start = timing.clock(self.drafter.device)
+        nodes = self.gate_nodes()
+        depth = self.drafter.config.ngram_depth or nodes
+        tree, expected = self._ngram.sized_tree(int(root_token), self.shape, nodes, depth, self.gate.node_costs,
+                                                root_token.device)  # fmt: skip
+        self.forward_seconds += timing.clock(self.drafter.device) - start
+        self._gated = (len(tree) - 1, expected)
+        return tree if self.gate.prefers_ngram(expected, len(tree) - 1) else None
 
     def _run(self, tokens, features, positions, mask, last_only: bool = False):
         """One drafter forward; log-probabilities for every row, or for the last one only."""
@@ -466,6 +506,15 @@ class EagleDraftingSession(DraftingSession):
         copy, features, next_tokens = self.copy_or_commit(features, next_tokens)
         if copy is not None:
             return copy
+        drafting_started = self.forward_seconds
+        tree = self._draft(features, next_tokens)
+        if self._gated is not None:  # the gate weighed this cycle (n-gram branches on for the call)
+            drafter_nodes = len(tree) - 1 - (int(tree.from_ngram.sum()) if tree.from_ngram is not None else 0)
+            self.gate.record_drafted(drafter_nodes, 1000.0 * (self.forward_seconds - drafting_started), self._gated[1])
+        return tree
+
+    def _draft(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
+        """Commit the pairs to the drafter's cache and grow its dynamic tree (+ n-gram branches)."""
         device = features.device
         m = features.shape[0]
         positions = torch.arange(self.committed, self.committed + m, device=device)

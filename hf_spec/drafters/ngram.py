@@ -467,6 +467,64 @@ def copy_budget(first: Continuation | None, max_match: int, copy_nodes: int, dat
     return budget if budget and first.match_length >= match_min_length else 0
 
 
+class CycleGate:
+    """Per-cycle choice of a hybrid drafter (``ngram_cost_gate``): the n-gram trie alone, or the drafter's tree
+    with that trie grafted in.
+
+    The n-gram trie, cut as :class:`NGramDrafter` cuts it, is expected to commit ``expected`` tokens (1 + its
+    nodes' estimated acceptance probabilities) for the cost of verifying its n nodes. Running the drafter as well
+    has added ``gain`` tokens per cycle so far (committed minus the trie's expected, averaged over drafted cycles),
+    for the cost of its forwards and its m more nodes. Costs are relative to a one-token step on this machine
+    (:func:`relative_node_costs` of the target's measured verification curve; drafting time as measured in this
+    generation). The drafter runs when (expected + gain) / cost(n + m) + drafting beats expected / cost(n): where
+    nothing matches, it drafts; on a copied passage the n-gram chain alone goes to verification. A function of
+    the committed text and of earlier cycles only, never of this cycle's verification: sampling stays exact."""
+
+    PRIOR_CYCLES = 4
+    """The drafter's mean gain starts from ``prior_gain`` weighted as this many drafted cycles."""
+
+    def __init__(self, verify_ms: dict[int, float], max_nodes: int, prior_gain: float = 1.0):
+        from ..shape_select import interpolate_cost
+
+        self.node_costs = relative_node_costs(verify_ms, max_nodes)
+        self.step_ms = interpolate_cost(verify_ms, 1)
+        self._gain_sum, self._gain_count = prior_gain * self.PRIOR_CYCLES, self.PRIOR_CYCLES
+        self._nodes_sum, self._draft_ms_sum, self._drafted = 0, 0.0, 0
+        self._pending_expected: float | None = None
+
+    def _cost(self, nodes: float) -> float:
+        costs = self.node_costs
+        if nodes >= len(costs) - 1:  # past the measured budget: extend the last step linearly
+            return costs[-1] + (costs[-1] - costs[-2]) * (nodes - len(costs) + 1)
+        low = int(nodes)
+        return costs[low] + (costs[low + 1] - costs[low]) * (nodes - low)
+
+    def prefers_ngram(self, expected_tokens: float, nodes: int) -> bool:
+        """Whether the n-gram trie alone (``nodes`` nodes, ``expected_tokens``) beats drafting as well. Until a
+        drafted cycle has been measured, the drafter runs."""
+        if not self._drafted:
+            return False
+        drafter_nodes, draft_ms = self._nodes_sum / self._drafted, self._draft_ms_sum / self._drafted
+        gain = self._gain_sum / self._gain_count
+        drafted = (expected_tokens + gain) / (self._cost(nodes + drafter_nodes) + draft_ms / self.step_ms)
+        return expected_tokens / self._cost(nodes) >= drafted
+
+    def record_drafted(self, drafter_nodes: int, draft_ms: float, expected_tokens: float) -> None:
+        """A drafted cycle: the drafter's own nodes (root and grafted n-gram nodes excluded), its drafting time,
+        and what the n-gram trie alone was expected to commit."""
+        self._nodes_sum += drafter_nodes
+        self._draft_ms_sum += draft_ms
+        self._drafted += 1
+        self._pending_expected = expected_tokens
+
+    def record_committed(self, tokens: int) -> None:
+        """The tokens the cycle just verified committed (accepted + the target's own); counts after a drafted one."""
+        if self._pending_expected is not None:
+            self._gain_sum += tokens - self._pending_expected
+            self._gain_count += 1
+            self._pending_expected = None
+
+
 class NGramBranches:
     """Context n-gram branches for a trained drafter's trees (the ``ngram_branches`` option).
 
@@ -528,10 +586,16 @@ class NGramBranches:
     def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
         """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
         ``depth``, ``shape.top_k`` branches per node; every drafted node is marked ``from_ngram``."""
-        continuations = self.continuations(depth)
-        tree = trie_to_draft_tree(root_token, scored_trie(continuations, num_nodes, depth, shape.top_k), device=device)
+        return self.sized_tree(root_token, shape, num_nodes, depth, 0.0, device)[0]
+
+    def sized_tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int,
+                   node_cost: float | Sequence[float], device=None) -> tuple[DraftTree, float]:  # fmt: skip
+        """:meth:`tree` cut by ``node_cost`` as :class:`NGramDrafter` cuts its trees (:func:`scored_trie`), and
+        the tokens such a cycle is expected to commit: 1 + the expected number of accepted nodes."""
+        trie = scored_trie(self.continuations(depth), num_nodes, depth, shape.top_k, node_cost)
+        tree = trie_to_draft_tree(root_token, trie, device=device)
         tree.from_ngram = torch.arange(len(tree)) > 0
-        return tree
+        return tree, 1.0 + sum(trie.probabilities)
 
     def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None) -> DraftTree:
         """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: branching, and depth unless
