@@ -616,27 +616,36 @@ def measure_costs(model, drafter, candidates: list[dict], key: str = "") -> Cost
     return CostProfile(verify_ms=verify_ms, cycle_ms=cycle_ms, key=key)
 
 
+def _measured_once(folder: str, key: str, memory: dict, parse, measure, to_json, message: str, *args):
+    """A measurement of this machine: from ``memory`` (this process), else ``$HF_SPEC_CACHE/<folder>/`` (parsed with
+    ``parse``; unreadable or of another format or key: measured again), else ``measure()``d, logged with
+    ``message % (*args, cache folder)`` and cached (``to_json``)."""
+    if key in memory:
+        return memory[key]
+    path = _cache_path(folder, key)
+    data = _read_cached(path, key)
+    value = None
+    if data is not None:
+        try:
+            value = parse(data)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            value = None
+    if not value:
+        logger.warning(message, *args, path.parent)
+        value = measure()
+        _write_cached(path, to_json(value))
+    memory[key] = value
+    return value
+
+
 def cost_profile(model, drafter, candidates: list[dict]) -> CostProfile:
     """This machine's :class:`~hf_spec.shape_select.CostProfile` for ``drafter`` on ``model``: from
     this process's memory, else ``$HF_SPEC_CACHE/shape_costs/``, else measured (a few seconds) and cached."""
     key = _profile_key(model, drafter, candidates)
-    if key in _profiles:
-        return _profiles[key]
-    path = _cache_path("shape_costs", key)
-    data = _read_cached(path, key)
-    profile = None
-    if data is not None:
-        try:
-            profile = CostProfile.from_json(data)
-        except (ValueError, KeyError, TypeError):
-            profile = None
-    if profile is None:
-        logger.warning("hf-spec: timing this machine once to choose %s's draft-tree shape (cached in %s)",
-                       type(drafter).__name__, path.parent)  # fmt: skip
-        profile = measure_costs(model, drafter, candidates, key)
-        _write_cached(path, profile.to_json())
-    _profiles[key] = profile
-    return profile
+    return _measured_once("shape_costs", key, _profiles, CostProfile.from_json,
+                          lambda: measure_costs(model, drafter, candidates, key), CostProfile.to_json,
+                          "hf-spec: timing this machine once to choose %s's draft-tree shape (cached in %s)",
+                          type(drafter).__name__)  # fmt: skip
 
 
 VERIFY_CURVE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -652,24 +661,17 @@ def verify_cost_curve(model) -> dict[int, float]:
     It depends on the machine, threads, device, dtype and the target's shape, not on any drafter: drafters
     that size their trees per cycle (:class:`~hf_spec.NGramDrafter`) weigh a node's acceptance against it."""
     key = json.dumps(_machine_and_target(model), sort_keys=True, default=str)
-    if key in _curves:
-        return _curves[key]
-    path = _cache_path("verify_costs", key)
-    data = _read_cached(path, key)
-    curve = None
-    if data is not None:
-        try:
-            curve = {int(n): float(ms) for n, ms in data["verify_ms"].items()}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            curve = None
-    if not curve:
-        logger.warning("hf-spec: timing this machine's verification of 1-%d tokens once (cached in %s)",
-                       VERIFY_CURVE_SIZES[-1], path.parent)  # fmt: skip
+
+    def measure() -> dict[int, float]:
         with torch.inference_mode():
-            curve = non_decreasing(measure_verify_cost(model, VERIFY_CURVE_SIZES, prefix_length=256, repeats=7))
-        _write_cached(path, {"format": CACHE_FORMAT, "key": key, "verify_ms": {str(n): ms for n, ms in curve.items()}})
-    _curves[key] = curve
-    return curve
+            return non_decreasing(measure_verify_cost(model, VERIFY_CURVE_SIZES, prefix_length=256, repeats=7))
+
+    return _measured_once("verify_costs", key, _curves,
+                          lambda data: {int(n): float(ms) for n, ms in data["verify_ms"].items()}, measure,
+                          lambda curve: {"format": CACHE_FORMAT, "key": key,
+                                         "verify_ms": {str(n): ms for n, ms in curve.items()}},
+                          "hf-spec: timing this machine's verification of 1-%d tokens once (cached in %s)",
+                          VERIFY_CURVE_SIZES[-1])  # fmt: skip
 
 
 def select_shape(model, drafter) -> ShapeChoice | None:
