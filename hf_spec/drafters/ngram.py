@@ -487,17 +487,17 @@ class CycleGate:
         from ..shape_select import interpolate_cost
 
         self.node_costs = relative_node_costs(verify_ms, max_nodes)
+        self._cost_curve = dict(enumerate(self.node_costs))  # relative cost by node count, for interpolate_cost
         self.step_ms = interpolate_cost(verify_ms, 1)
         self._gain_sum, self._gain_count = prior_gain * self.PRIOR_CYCLES, self.PRIOR_CYCLES
         self._nodes_sum, self._draft_ms_sum, self._drafted = 0, 0.0, 0
         self._pending_expected: float | None = None
 
     def _cost(self, nodes: float) -> float:
-        costs = self.node_costs
-        if nodes >= len(costs) - 1:  # past the measured budget: extend the last step linearly
-            return costs[-1] + (costs[-1] - costs[-2]) * (nodes - len(costs) + 1)
-        low = int(nodes)
-        return costs[low] + (costs[low + 1] - costs[low]) * (nodes - low)
+        """Relative cost of verifying ``nodes`` (a mean, so fractional) nodes; past ``max_nodes`` extended linearly."""
+        from ..shape_select import interpolate_cost
+
+        return interpolate_cost(self._cost_curve, nodes)
 
     def prefers_ngram(self, expected_tokens: float, nodes: int) -> bool:
         """Whether the n-gram trie alone (``nodes`` nodes, ``expected_tokens``) beats drafting as well. Until a
