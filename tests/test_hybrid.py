@@ -438,20 +438,47 @@ def test_match_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind
 
 
 # -- the cost gate (ngram_cost_gate) -------------------------------------------------------------
-def test_cycle_gate_drafts_until_measured_then_weighs_the_drafters_gain_against_its_cost():
+def test_cycle_gate_measures_the_drafters_exact_gain_per_bucket_and_weighs_it_against_its_cost():
     from hf_spec.drafters.ngram import CycleGate
+    from hf_spec.tree.tree import DraftTree
+
+    def trie(parents, tokens):  # root (token 0) first
+        return DraftTree(torch.tensor([0, *tokens]), torch.tensor([-1, *parents]), None, None, None, None, None)
 
     gate = CycleGate({1: 10.0, 17: 14.0}, 16)  # each node +0.25 ms on a 10 ms step, x1.2: 3% of a step
     assert gate.node_costs[16] == pytest.approx(1.48)
     assert not gate.prefers_ngram(8.0, 16)  # nothing measured yet: the drafter runs
-    gate.record_drafted(8, 5.0, 1.5)  # 8 drafter nodes, half a step of drafting; the trie expected 1.5 tokens
-    gate.record_committed(3.5)  # the drafter gained 2 tokens: mean gain (4 x 1 prior + 2) / 5 = 1.2
-    gate.record_committed(9)  # not after a drafted cycle: no gain sample
-    # nothing to copy (1 token expected, no nodes): 1.0 alone vs (1 + 1.2) / (1 + 0.03 x 8 + 0.5) = 1.26
+    untimed = CycleGate({1: 10.0, 17: 14.0}, 16)
+    untimed.record_drafted(8, None, 8.0, trie([0], [5]))  # the first cycle (the drafter read the prompt): untimed
+    untimed.record_committed([1])
+    assert not untimed.prefers_ngram(8.0, 16)  # still no drafting time measured: the drafter runs
+    # nothing matched (1 token expected, trie [5]); the drafter's tree committed 7, 8 and the target's 9:
+    # the trie alone would have committed 1 token (7 is not in it), so the drafter gained 2
+    gate.record_drafted(8, 5.0, 1.0, trie([0], [5]))
+    gate.record_committed([7, 8, 9])
+    # a copied passage (8 expected from a chain of 8): all 8 in the trie, + the target's own: gained 0, and
+    # the trie did 1 token better than expected
+    gate.record_drafted(8, 5.0, 8.0, trie(list(range(8)), list(range(1, 9))))
+    gate.record_committed(list(range(1, 10)))
+    # branches: the committed 7, 8 follow the trie's second branch, then the target's 2: gained 0
+    gate.record_drafted(8, 5.0, 1.5, trie([0, 0, 2], [5, 7, 8]))
+    gate.record_committed([7, 8, 2])
+    gate.record_ngram(1.0)  # a cycle of the trie alone: its commit calibrates bucket 0 (1 token, as expected)
+    gate.record_committed([4])
+    gate.record_committed([4])  # nothing pending: ignored
+    overall = (2 + 0 + 0 + 4 * 1.0) / (3 + 4)
+    assert gate.gain(1.0) == pytest.approx((2 + 4 * overall) / (1 + 4))  # bucket 0: its own gain + prior
+    assert gate.gain(8.0) == pytest.approx((0 + 4 * overall) / (1 + 4))
+    assert gate.gain(1.5) == pytest.approx((0 + 4 * overall) / (1 + 4))
+    assert gate.gain(3.0) == pytest.approx(overall)  # no drafted cycle in this bucket yet
+    assert gate.trie_tokens(8.0) == pytest.approx(8.0 + 1 / 5) and gate.trie_tokens(1.0) == pytest.approx(1.0)
+    # nothing to copy (1 token, no nodes): 1.0 alone vs (1 + 1.03) / (1 + 0.03 x 8 + 0.5) = 1.17: draft
     assert not gate.prefers_ngram(1.0, 0)
-    # a copied passage (8 tokens expected from 16 nodes): 8 / 1.48 = 5.4 alone vs 9.2 / (1 + 0.03 x 24 + 0.5) = 4.1
+    # a copied passage (8 tokens expected from 16 nodes): 8.2 / 1.48 = 5.5 alone vs 8.8 / 2.22 = 4.0 drafted
     assert gate.prefers_ngram(8.0, 16)
-    assert gate.prefers_ngram(6.8, 12) and not gate.prefers_ngram(2.0, 12)  # 1.47 alone vs 1.52 drafted
+    # the same trie sizes, but the drafter's gain measured where the trie expects little:
+    # 2.0 / 1.36 = 1.47 alone vs (2.0 + 0.86) / (1 + 0.03 x 20 + 0.5) = 1.36 drafted
+    assert gate.prefers_ngram(2.0, 12) and not gate.prefers_ngram(1.0, 12)
 
 
 def test_cost_gate_stays_lossless_and_skips_the_drafter_on_a_repetitive_text(monkeypatch):

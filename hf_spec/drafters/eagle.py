@@ -97,9 +97,10 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_cost_gate: decide each cycle by expected value instead of the copy/match-cycle rules above. Every
             cycle builds the n-gram trie as :class:`~hf_spec.NGramDrafter` would (up to ``ngram_copy_nodes``, else
             16, nodes to ``ngram_depth``, cut by this machine's measured verification cost); the drafter runs, its
-            tree taking at least that trie's nodes as branches, only when the tokens it has added per cycle so far
-            pay for its forwards and nodes (:class:`~hf_spec.drafters.ngram.CycleGate`); else the trie alone is
-            verified. Needs ``ngram_branches`` > 0. Default False.
+            tree taking at least that trie's nodes as branches, only when the tokens it has added so far to tries
+            of the same expected yield (exact in greedy decoding) pay for its forwards and nodes
+            (:class:`~hf_spec.drafters.ngram.CycleGate`); else the trie alone is verified. Needs ``ngram_branches``
+            > 0. Default False.
     """
 
     model_type = "hf_spec_eagle"
@@ -392,8 +393,11 @@ class EagleDraftingSession(DraftingSession):
         """Cycles that drafted the n-gram trie alone (no drafter forward)."""
         self.gate: CycleGate | None = None
         """With ``ngram_cost_gate``: chooses each cycle between the n-gram trie alone and drafting."""
-        self._gated: tuple[int, float] | None = None
-        """This cycle's n-gram trie under :attr:`gate`: its nodes and expected committed tokens (None: not weighed)."""
+        self._run_seconds: list[float] = []
+        """This cycle's drafter forwards' times (the cost gate's view of one drafted cycle)."""
+        self._gated: tuple[int, float, DraftTree] | None = None
+        """This cycle's n-gram trie under :attr:`gate`: its nodes, expected committed tokens and the trie itself
+        (None: not weighed)."""
 
     @property
     def supports_router(self) -> bool:
@@ -441,7 +445,7 @@ class EagleDraftingSession(DraftingSession):
         self._gated = None
         if self._index_ngrams(next_tokens):
             if self.gate is not None:
-                self.gate.record_committed(next_tokens.shape[0])
+                self.gate.record_committed(next_tokens.tolist())
             copy = self._gated_tree(next_tokens[-1]) if self.gate is not None else self._copy_tree(next_tokens[-1])
             if copy is not None:  # the drafter reads these pairs with the next drafted cycle's
                 self._deferred.append((features, next_tokens))
@@ -477,8 +481,11 @@ class EagleDraftingSession(DraftingSession):
         tree, expected = self._ngram.sized_tree(int(root_token), self.shape, nodes, depth, self.gate.node_costs,
                                                 root_token.device)  # fmt: skip
         self.forward_seconds += timing.clock(self.drafter.device) - start
-        self._gated = (len(tree) - 1, expected)
-        return tree if self.gate.prefers_ngram(expected, len(tree) - 1) else None
+        self._gated = (len(tree) - 1, expected, tree)
+        if not self.gate.prefers_ngram(expected, len(tree) - 1):
+            return None
+        self.gate.record_ngram(expected)
+        return tree
 
     def _run(self, tokens, features, positions, mask, last_only: bool = False):
         """One drafter forward; log-probabilities for every row, or for the last one only."""
@@ -498,7 +505,9 @@ class EagleDraftingSession(DraftingSession):
         # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
         # propose nothing, and verification falls back to the target alone.
         logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
-        self.forward_seconds += timing.clock(self.drafter.device) - start
+        seconds = timing.clock(self.drafter.device) - start
+        self.forward_seconds += seconds
+        self._run_seconds.append(seconds)
         return hidden, logq
 
     def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
@@ -506,11 +515,17 @@ class EagleDraftingSession(DraftingSession):
         copy, features, next_tokens = self.copy_or_commit(features, next_tokens)
         if copy is not None:
             return copy
-        drafting_started = self.forward_seconds
+        drafting_started, reads_prompt = timing.clock(self.drafter.device), self.committed == 0
+        self._run_seconds = []
         tree = self._draft(features, next_tokens)
         if self._gated is not None:  # the gate weighed this cycle (n-gram branches on for the call)
             drafter_nodes = len(tree) - 1 - (int(tree.from_ngram.sum()) if tree.from_ngram is not None else 0)
-            self.gate.record_drafted(drafter_nodes, 1000.0 * (self.forward_seconds - drafting_started), self._gated[1])
+            seconds = timing.clock(self.drafter.device) - drafting_started  # host work included
+            if reads_prompt:  # the first forward read the whole prompt, no cycle's cost: count a later one instead
+                runs = self._run_seconds
+                seconds = seconds - runs[0] + runs[-1] if len(runs) > 1 else None
+            draft_ms = None if seconds is None else 1000.0 * seconds
+            self.gate.record_drafted(drafter_nodes, draft_ms, self._gated[1], self._gated[2])
         return tree
 
     def _draft(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
