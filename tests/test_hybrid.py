@@ -481,9 +481,40 @@ def test_cycle_gate_measures_the_drafters_exact_gain_per_bucket_and_weighs_it_ag
     assert gate.prefers_ngram(2.0, 12) and not gate.prefers_ngram(1.0, 12)
 
 
-def test_cost_gate_stays_lossless_and_skips_the_drafter_on_a_repetitive_text(monkeypatch):
+def test_cycle_gate_carries_its_measurements_over_to_the_next_call_with_the_same_target(monkeypatch):
+    """A second call with the same target starts from the first call's gate (capped to MEMORY_CYCLES cycles);
+    another target (or dtype) starts afresh."""
+    from hf_spec import tune
+    from hf_spec.drafters.ngram import CycleGate
+
+    monkeypatch.setattr(tune, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
+    target = make_target("llama")
+    prompt = target_text_prompt(target)
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_depth=8, ngram_cost_gate=True)
+    target.generate(prompt, assistant_model=drafter, max_new_tokens=20)
+    first = drafter.__dict__["_last_cycle_gate"][2]
+    assert first._draft_ms.count >= 1 and first._pending is not None  # timed; its last cycle never verified
+    target.generate(prompt, assistant_model=drafter, max_new_tokens=20)
+    second = drafter.__dict__["_last_cycle_gate"][2]
+    assert second is not first and second._draft_ms.count >= first._draft_ms.count
+    assert sum(t.count for t in second._bias) > sum(t.count for t in first._bias)
+    other = make_target("llama")
+    drafter.bind(other)
+    other.generate(prompt, assistant_model=drafter, max_new_tokens=4)
+    assert drafter.__dict__["_last_cycle_gate"][0]() is other
+    assert sum(t.count for t in drafter.__dict__["_last_cycle_gate"][2]._bias) < sum(t.count for t in second._bias)
+    gate = CycleGate({1: 10.0, 17: 14.0}, 16)
+    for _ in range(500):
+        gate.record_ngram(1.0)
+        gate.record_committed([1, 2])  # the trie did 1 token better than expected, 500 times
+    carried = gate.carried_over()
+    assert carried._bias[0].count == CycleGate.MEMORY_CYCLES and carried._bias[0].mean() == gate._bias[0].mean() == 1.0
+
+
+@pytest.mark.parametrize("kind", ["eagle", "parallel"])
+def test_cost_gate_stays_lossless_and_skips_the_drafter_on_a_repetitive_text(kind, monkeypatch):
     """With ngram_cost_gate the n-gram trie alone replaces drafted cycles where it is worth more: greedy output
-    equals plain and fewer drafter forwards run than without the gate."""
+    equals plain and fewer drafter forwards run than without the gate (EAGLE family and ParallelSpec)."""
     from hf_spec import tune
 
     # a target step of 0.5 ms: the untrained drafter's forwards cost several steps and add little
@@ -493,7 +524,8 @@ def test_cost_gate_stays_lossless_and_skips_the_drafter_on_a_repetitive_text(mon
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
     forwards = {}
     for gate in (False, True):
-        drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_depth=8, ngram_cost_gate=gate)
+        cls = hf_spec.EagleDrafter if kind == "eagle" else hf_spec.ParallelDrafter
+        drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_cost_gate=gate)
         forwards[gate], _ = copy_cycle_run(monkeypatch, target, prompt, expected, drafter)
         assert drafter.last_generation_stats.drafter_skipped_cycles > 0 if gate else True
     assert forwards[True] < forwards[False]

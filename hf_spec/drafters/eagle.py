@@ -329,10 +329,25 @@ class EagleDrafter(SpecDrafterModel):
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         session = EagleDraftingSession(self, shape, do_sample, temperature, prompt_ids)
         if self.config.ngram_cost_gate and session.ngram_branches > 0 and target is not None:
-            from ..tune import verify_cost_curve
-
-            session.gate = CycleGate(verify_cost_curve(target), session.gate_nodes())
+            session.gate = self._cycle_gate(target, session.gate_nodes())
         return session
+
+    def _cycle_gate(self, target, max_nodes: int) -> CycleGate:
+        """The cost gate of a call with ``target``: the last call's, carried over when it had the same target
+        (same object, dtype and device), so what it measured of the drafter's gain and cost is not paid for
+        again on every call; else a new one on the target's measured verification costs."""
+        import weakref
+
+        from ..tune import verify_cost_curve
+
+        key = (target.dtype, target.device)
+        last = self.__dict__.get("_last_cycle_gate")
+        if last is not None and last[0]() is target and last[1] == key:
+            gate = last[2].carried_over()
+        else:
+            gate = CycleGate(verify_cost_curve(target), max_nodes)
+        self.__dict__["_last_cycle_gate"] = (weakref.ref(target), key, gate)  # the session updates it in place
+        return gate
 
     # hf-spec:hub-end
 

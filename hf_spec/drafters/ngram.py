@@ -40,6 +40,7 @@ this law: every emitted token follows the target's distribution exactly.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -467,6 +468,26 @@ def copy_budget(first: Continuation | None, max_match: int, copy_nodes: int, dat
     return budget if budget and first.match_length >= match_min_length else 0
 
 
+@dataclass
+class _Tally:
+    """A running sum and count (a mean with ``prior`` weighted as ``weight`` observations)."""
+
+    total: float = 0.0
+    count: float = 0.0
+
+    def add(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+
+    def mean(self, prior: float = 0.0, weight: float = 0.0) -> float:
+        return (self.total + prior * weight) / (self.count + weight) if self.count + weight else prior
+
+    def capped(self, count: float) -> _Tally:
+        """The same mean weighted as at most ``count`` observations."""
+        scale = min(1.0, count / self.count) if self.count else 1.0
+        return _Tally(self.total * scale, self.count * scale)
+
+
 class CycleGate:
     """Per-cycle choice of a hybrid drafter (``ngram_cost_gate``): the n-gram trie alone, or the drafter's tree
     with that trie grafted in.
@@ -492,6 +513,9 @@ class CycleGate:
     drafted cycles, and its bias from 0 weighted as this many cycles."""
     BUCKET_EDGES = (1.25, 1.75, 2.5, 4.0)
     """Upper edges of the ``expected``-token buckets (the last bucket is open-ended)."""
+    MEMORY_CYCLES = 200
+    """A gate carried over to the drafter's next call (:meth:`carried_over`) weighs each bucket's past as at most
+    this many cycles (and the drafting time as at most this many drafted cycles), so it keeps adapting."""
 
     def __init__(self, verify_ms: dict[int, float], max_nodes: int, prior_gain: float = 1.0):
         from ..shape_select import interpolate_cost
@@ -501,9 +525,11 @@ class CycleGate:
         self.step_ms = interpolate_cost(verify_ms, 1)
         self.prior_gain = prior_gain
         buckets = len(self.BUCKET_EDGES) + 1
-        self._gain_sum, self._gain_count = [0.0] * buckets, [0] * buckets
-        self._bias_sum, self._bias_count = [0.0] * buckets, [0] * buckets
-        self._nodes_sum, self._draft_ms_sum, self._drafted, self._timed = 0, 0.0, 0, 0
+        self._gain = [_Tally() for _ in range(buckets)]
+        """Per bucket: tokens the drafter added on drafted cycles."""
+        self._bias = [_Tally() for _ in range(buckets)]
+        """Per bucket: what the trie alone committed (or would have) minus what it was expected to."""
+        self._drafter_nodes, self._draft_ms = _Tally(), _Tally()
         self._pending: tuple[float, dict[tuple[int, int], int] | None] | None = None
         """The last cycle's trie: its expected tokens and, after a drafted cycle, its (parent, token) -> child map."""
 
@@ -513,31 +539,40 @@ class CycleGate:
 
         return interpolate_cost(self._cost_curve, nodes)
 
+    def carried_over(self) -> CycleGate:
+        """This gate's statistics for the drafter's next call with the same target (nothing pending), each
+        weighted as at most :attr:`MEMORY_CYCLES` cycles. The choice stays a function of earlier cycles only:
+        sampling stays exact."""
+        gate = copy.copy(self)
+        gate._pending = None
+        gate._gain = [tally.capped(self.MEMORY_CYCLES) for tally in self._gain]
+        gate._bias = [tally.capped(self.MEMORY_CYCLES) for tally in self._bias]
+        gate._drafter_nodes = self._drafter_nodes.capped(self.MEMORY_CYCLES)
+        gate._draft_ms = self._draft_ms.capped(self.MEMORY_CYCLES)
+        return gate
+
     def bucket(self, expected_tokens: float) -> int:
         """The bucket of a trie that expects ``expected_tokens``."""
         return sum(expected_tokens >= edge for edge in self.BUCKET_EDGES)
 
     def gain(self, expected_tokens: float) -> float:
         """Tokens the drafter is expected to add to a trie that expects ``expected_tokens``."""
-        b = self.bucket(expected_tokens)
-        counted = sum(self._gain_count)
-        overall = (sum(self._gain_sum) + self.prior_gain * self.PRIOR_CYCLES) / (counted + self.PRIOR_CYCLES)
-        return (self._gain_sum[b] + overall * self.PRIOR_CYCLES) / (self._gain_count[b] + self.PRIOR_CYCLES)
+        overall = _Tally(sum(t.total for t in self._gain), sum(t.count for t in self._gain))
+        prior = overall.mean(self.prior_gain, self.PRIOR_CYCLES)
+        return self._gain[self.bucket(expected_tokens)].mean(prior, self.PRIOR_CYCLES)
 
     def trie_tokens(self, expected_tokens: float) -> float:
         """Tokens the trie alone is expected to commit: ``expected_tokens`` corrected by its bucket's outcomes."""
-        b = self.bucket(expected_tokens)
-        return max(1.0, expected_tokens + self._bias_sum[b] / (self._bias_count[b] + self.PRIOR_CYCLES))
+        return max(1.0, expected_tokens + self._bias[self.bucket(expected_tokens)].mean(0.0, self.PRIOR_CYCLES))
 
     def prefers_ngram(self, expected_tokens: float, nodes: int) -> bool:
         """Whether the n-gram trie alone (``nodes`` nodes, ``expected_tokens``) beats drafting as well. Until a
         drafted cycle has been timed, the drafter runs."""
-        if not self._timed:
+        if not self._draft_ms.count:
             return False
-        drafter_nodes, draft_ms = self._nodes_sum / self._drafted, self._draft_ms_sum / self._timed
         alone = self.trie_tokens(expected_tokens)
-        drafted = (alone + self.gain(expected_tokens)) / (self._cost(nodes + drafter_nodes) + draft_ms / self.step_ms)
-        return alone / self._cost(nodes) >= drafted
+        drafted_cost = self._cost(nodes + self._drafter_nodes.mean()) + self._draft_ms.mean() / self.step_ms
+        return alone / self._cost(nodes) >= (alone + self.gain(expected_tokens)) / drafted_cost
 
     def record_ngram(self, expected_tokens: float) -> None:
         """A cycle that verified the trie alone (``expected_tokens``); its commit calibrates the bucket."""
@@ -548,11 +583,9 @@ class CycleGate:
         """A drafted cycle: the drafter's own nodes (root and grafted n-gram nodes excluded), its drafting time
         (None: not a cycle's cost, e.g. the first cycle, whose drafter reads the whole prompt), and the trie it
         weighed (grafted whole), with what that trie was expected to commit."""
-        self._nodes_sum += drafter_nodes
-        self._drafted += 1
+        self._drafter_nodes.add(drafter_nodes)
         if draft_ms is not None:
-            self._draft_ms_sum += draft_ms
-            self._timed += 1
+            self._draft_ms.add(draft_ms)
         tokens, parents = trie.tokens.tolist(), trie.parents.tolist()
         children = {(parents[i], tokens[i]): i for i in range(1, len(tokens))}
         self._pending = (expected_tokens, children)
@@ -564,7 +597,7 @@ class CycleGate:
             return
         expected, children = self._pending
         self._pending = None
-        b = self.bucket(expected)
+        bucket = self.bucket(expected)
         if children is None:
             alone = len(tokens)
         else:
@@ -575,10 +608,8 @@ class CycleGate:
                     break
                 matched += 1
             alone = matched + 1
-            self._gain_sum[b] += len(tokens) - alone
-            self._gain_count[b] += 1
-        self._bias_sum[b] += alone - expected
-        self._bias_count[b] += 1
+            self._gain[bucket].add(len(tokens) - alone)
+        self._bias[bucket].add(alone - expected)
 
 
 class NGramBranches:

@@ -148,7 +148,10 @@ class ParallelDrafter(EagleDrafter):
     def new_drafting_session(self, target, shape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         if not isinstance(shape, StaticTreeShape):
             shape = self.tree_shape(shape.depth, None, shape.total_tokens)
-        return ParallelDraftingSession(self, shape, do_sample, temperature, prompt_ids)
+        session = ParallelDraftingSession(self, shape, do_sample, temperature, prompt_ids)
+        if self.config.ngram_cost_gate and session.ngram_branches > 0 and target is not None:
+            session.gate = self._cycle_gate(target, session.gate_nodes())
+        return session
 
 
 class ParallelDraftingSession(EagleDraftingSession):
@@ -200,11 +203,9 @@ class ParallelDraftingSession(EagleDraftingSession):
         self.last_logq = logq
         return logq
 
-    def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
-        """Commit pairs (features[i], next_tokens[i]) and draft a static tree rooted at ``next_tokens[-1]``."""
-        copy, features, next_tokens = self.copy_or_commit(features, next_tokens)
-        if copy is not None:
-            return copy
+    def _draft(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
+        """Commit the pairs and draft a static tree rooted at ``next_tokens[-1]`` (+ n-gram branches); the
+        inherited :meth:`propose` handles copy cycles and the cost gate."""
         logq = self.draft_distributions(features, next_tokens)
         tree = build_static_tree(int(next_tokens[-1]), logq, self.shape.widths, self.do_sample,
                                  total_tokens=self.shape.total_tokens)  # fmt: skip
