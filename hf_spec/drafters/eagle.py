@@ -9,6 +9,7 @@ directly) and no final norm is applied: the target features are already post-nor
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -336,17 +337,15 @@ class EagleDrafter(SpecDrafterModel):
         """The cost gate of a call with ``target``: the last call's, carried over when it had the same target
         (same object, dtype and device), so what it measured of the drafter's gain and cost is not paid for
         again on every call; else a new one on the target's measured verification costs."""
-        import weakref
-
         from ..tune import verify_cost_curve
 
         key = (target.dtype, target.device)
-        last = self.__dict__.get("_last_cycle_gate")
+        last = getattr(self, "_last_cycle_gate", None)
         if last is not None and last[0]() is target and last[1] == key:
             gate = last[2].carried_over()
         else:
             gate = CycleGate(verify_cost_curve(target), max_nodes)
-        self.__dict__["_last_cycle_gate"] = (weakref.ref(target), key, gate)  # the session updates it in place
+        self._last_cycle_gate = (weakref.ref(target), key, gate)  # the session updates the gate in place
         return gate
 
     # hf-spec:hub-end
@@ -530,10 +529,11 @@ class EagleDraftingSession(DraftingSession):
         copy, features, next_tokens = self.copy_or_commit(features, next_tokens)
         if copy is not None:
             return copy
-        drafting_started, reads_prompt = timing.clock(self.drafter.device), self.committed == 0
+        gated, reads_prompt = self._gated is not None, self.committed == 0  # gated: the gate weighed this cycle
+        drafting_started = timing.clock(self.drafter.device) if gated else 0.0  # (a CUDA sync only then)
         self._run_seconds = []
         tree = self._draft(features, next_tokens)
-        if self._gated is not None:  # the gate weighed this cycle (n-gram branches on for the call)
+        if gated:
             drafter_nodes = len(tree) - 1 - (int(tree.from_ngram.sum()) if tree.from_ngram is not None else 0)
             seconds = timing.clock(self.drafter.device) - drafting_started  # host work included
             if reads_prompt:  # the first forward read the whole prompt, no cycle's cost: count a later one instead
