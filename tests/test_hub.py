@@ -236,6 +236,13 @@ def test_parallelspec_card_names_its_static_tree_widths():
     assert "top-k" not in text.split("| default tree |")[1].splitlines()[0]
 
 
+def test_card_explains_the_cost_gate_only_when_the_drafter_has_it():
+    target = make_target()
+    for gate in (False, True):
+        text = cards.render_model_card(hf_spec.EagleDrafter.from_target(target, ngram_cost_gate=gate).config)
+        assert ("`ngram_cost_gate`" in text) == gate and ("drafter_skipped_cycles" in text) == gate
+
+
 def test_sorted_card_names_every_served_target_with_its_thresholds():
     """An S2D drafter serves several targets; its card lists them instead of "target: not recorded"."""
     drafter = hf_spec.SortedDrafter.from_source_model(make_target(), num_layers=2, exits=[1, 2])

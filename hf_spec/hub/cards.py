@@ -193,6 +193,7 @@ def card_context(config, *, bench_results=None, training_info: dict | None = Non
         "tree_top_k": config.tree_top_k,
         "tree_total_tokens": config.tree_total_tokens,
         "tree_widths": list(getattr(config, "tree_widths", None) or []),
+        "ngram_cost_gate": bool(getattr(config, "ngram_cost_gate", False)),
         "shape_candidates": [dict(c) for c in (getattr(config, "tree_shape_candidates", None) or [])]
         if getattr(config, "auto_tree_shape", None) is not False else [],
         "license": training_info.get("license", "apache-2.0"),
