@@ -328,15 +328,15 @@ class EagleDrafter(SpecDrafterModel):
     # hf-spec:hub-begin -- the cost gate reads this machine's measured costs (hf_spec.tune); a remote-code drafter
     # never drafts (generate() asks for hf-spec), so these lines are left out of it.
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
-        session = EagleDraftingSession(self, shape, do_sample, temperature, prompt_ids)
-        if self.config.ngram_cost_gate and session.ngram_branches > 0 and target is not None:
-            session.gate = self._cycle_gate(target, session.gate_nodes())
-        return session
+        return self._with_cycle_gate(EagleDraftingSession(self, shape, do_sample, temperature, prompt_ids), target)
 
-    def _cycle_gate(self, target, max_nodes: int) -> CycleGate:
-        """The cost gate of a call with ``target``: the last call's, carried over when it had the same target
-        (same object, dtype and device), so what it measured of the drafter's gain and cost is not paid for
-        again on every call; else a new one on the target's measured verification costs."""
+    def _with_cycle_gate(self, session: EagleDraftingSession, target) -> EagleDraftingSession:
+        """``session`` with its cost gate when ``ngram_cost_gate`` is on (and n-gram branches and a target are
+        there): the last call's, carried over when it had the same target (same object, dtype and device), so
+        what it measured of the drafter's gain and cost is not paid for again on every call; else a new one on the
+        target's measured verification costs."""
+        if not (self.config.ngram_cost_gate and session.ngram_branches > 0 and target is not None):
+            return session
         from ..tune import verify_cost_curve
 
         key = (target.dtype, target.device)
@@ -344,9 +344,10 @@ class EagleDrafter(SpecDrafterModel):
         if last is not None and last[0]() is target and last[1] == key:
             gate = last[2].carried_over()
         else:
-            gate = CycleGate(verify_cost_curve(target), max_nodes)
+            gate = CycleGate(verify_cost_curve(target), session.gate_nodes())
         self._last_cycle_gate = (weakref.ref(target), key, gate)  # the session updates the gate in place
-        return gate
+        session.gate = gate
+        return session
 
     # hf-spec:hub-end
 
@@ -409,9 +410,9 @@ class EagleDraftingSession(DraftingSession):
         """With ``ngram_cost_gate``: chooses each cycle between the n-gram trie alone and drafting."""
         self._run_seconds: list[float] = []
         """This cycle's drafter forwards' times (the cost gate's view of one drafted cycle)."""
-        self._gated: tuple[int, float, DraftTree] | None = None
-        """This cycle's n-gram trie under :attr:`gate`: its nodes, expected committed tokens and the trie itself
-        (None: not weighed)."""
+        self._gated: tuple[float, DraftTree] | None = None
+        """This cycle's n-gram trie under :attr:`gate`: its expected committed tokens and the trie itself (None: not
+        weighed)."""
 
     @property
     def supports_router(self) -> bool:
@@ -422,10 +423,11 @@ class EagleDraftingSession(DraftingSession):
         super().record(stats)
         stats.drafter_skipped_cycles += self.skipped_cycles
 
-    def _index_ngrams(self, next_tokens: torch.Tensor) -> bool:
-        """Index the committed ``next_tokens`` for the n-gram branches; False when they are off."""
+    def _index_ngrams(self, next_tokens: torch.Tensor) -> list[int] | None:
+        """Index the committed ``next_tokens`` for the n-gram branches and return them as a list (one host
+        read); None when the branches are off."""
         if self.ngram_branches <= 0:
-            return False
+            return None
         if self._ngram is None:
             if self.prompt_ids is None:
                 raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
@@ -437,8 +439,7 @@ class EagleDraftingSession(DraftingSession):
                                         match_nodes=config.ngram_match_nodes,
                                         match_min_length=config.ngram_match_min_length,
                                         datastore_match_nodes=config.ngram_datastore_match_nodes)  # fmt: skip
-        self._ngram.extend(next_tokens)
-        return True
+        return self._ngram.extend(next_tokens)
 
     def graft_ngram(self, tree: DraftTree) -> DraftTree:
         """Graft up to ``ngram_branches`` n-gram nodes (``ngram_copy_nodes`` on a copy cycle; under the cost gate
@@ -447,7 +448,7 @@ class EagleDraftingSession(DraftingSession):
             return tree
         start = timing.clock(self.drafter.device)
         config = self.drafter.config
-        branches = max(self.ngram_branches, self._gated[0]) if self._gated is not None else self.ngram_branches
+        branches = max(self.ngram_branches, len(self._gated[1]) - 1) if self._gated is not None else self.ngram_branches
         tree = self._ngram.graft(tree, self.shape, branches, self.do_sample, depth=config.ngram_depth)
         self.forward_seconds += timing.clock(self.drafter.device) - start
         return tree
@@ -457,9 +458,10 @@ class EagleDraftingSession(DraftingSession):
         (``ngram_copy_skips_drafter``) return ``(n-gram tree, None, None)`` and keep the pairs for
         later; else ``(None, features, next_tokens)`` with any kept pairs in front, for the drafter."""
         self._gated = None
-        if self._index_ngrams(next_tokens):
+        committed = self._index_ngrams(next_tokens)
+        if committed is not None:
             if self.gate is not None:
-                self.gate.record_committed(next_tokens.tolist())
+                self.gate.record_committed(committed)
             copy = self._gated_tree(next_tokens[-1]) if self.gate is not None else self._copy_tree(next_tokens[-1])
             if copy is not None:  # the drafter reads these pairs with the next drafted cycle's
                 self._deferred.append((features, next_tokens))
@@ -495,7 +497,7 @@ class EagleDraftingSession(DraftingSession):
         tree, expected = self._ngram.sized_tree(int(root_token), self.shape, nodes, depth, self.gate.node_costs,
                                                 root_token.device)  # fmt: skip
         self.forward_seconds += timing.clock(self.drafter.device) - start
-        self._gated = (len(tree) - 1, expected, tree)
+        self._gated = (expected, tree)
         if not self.gate.prefers_ngram(expected, len(tree) - 1):
             return None
         self.gate.record_ngram(expected)
@@ -540,7 +542,7 @@ class EagleDraftingSession(DraftingSession):
                 runs = self._run_seconds
                 seconds = seconds - runs[0] + runs[-1] if len(runs) > 1 else None
             draft_ms = None if seconds is None else 1000.0 * seconds
-            self.gate.record_drafted(drafter_nodes, draft_ms, self._gated[1], self._gated[2])
+            self.gate.record_drafted(drafter_nodes, draft_ms, *self._gated)
         return tree
 
     def _draft(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:

@@ -640,9 +640,11 @@ class NGramBranches:
         self.index.extend(prompt_ids[0, :1].tolist())
         self._scanned: tuple[tuple[int, int], list[Continuation]] | None = None
 
-    def extend(self, next_tokens: torch.Tensor) -> None:
-        """Index newly committed tokens (one host read)."""
-        self.index.extend(next_tokens.tolist())
+    def extend(self, next_tokens: torch.Tensor) -> list[int]:
+        """Index newly committed tokens (one host read); returns them as a list."""
+        tokens = next_tokens.tolist()
+        self.index.extend(tokens)
+        return tokens
 
     def continuations(self, depth: int):
         """An iterator over this cycle's continuations (:func:`ranked_continuations`, ``depth`` tokens

@@ -148,10 +148,7 @@ class ParallelDrafter(EagleDrafter):
     def new_drafting_session(self, target, shape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         if not isinstance(shape, StaticTreeShape):
             shape = self.tree_shape(shape.depth, None, shape.total_tokens)
-        session = ParallelDraftingSession(self, shape, do_sample, temperature, prompt_ids)
-        if self.config.ngram_cost_gate and session.ngram_branches > 0 and target is not None:
-            session.gate = self._cycle_gate(target, session.gate_nodes())
-        return session
+        return self._with_cycle_gate(ParallelDraftingSession(self, shape, do_sample, temperature, prompt_ids), target)
 
 
 class ParallelDraftingSession(EagleDraftingSession):
