@@ -481,6 +481,48 @@ def test_cycle_gate_measures_the_drafters_exact_gain_per_bucket_and_weighs_it_ag
     assert gate.prefers_ngram(2.0, 12) and not gate.prefers_ngram(1.0, 12)
 
 
+def test_cycle_gate_lets_copy_cycles_go_deep_only_while_the_deep_nodes_were_accepted():
+    """A copy cycle's trie (up to ngram_copy_nodes) is verified whole until earlier copy cycles, counted exactly
+    once the committed text has gone past them, say its nodes past the best 16 did not pay for themselves."""
+    from hf_spec.drafters.ngram import CycleGate, TrieNodes
+
+    def chain(n, start=100):  # a copied passage: one chain of n nodes, best first
+        return TrieNodes(tokens=list(range(start, start + n)), parents=list(range(-1, n - 1)),
+                         depths=list(range(1, n + 1)), counts=[1] * n, occurrences=1, ranks=list(range(n)),
+                         probabilities=[0.97 ** (k + 1) for k in range(n)])  # fmt: skip
+
+    costs = {1: 10.0, 25: 12.4}  # +0.1 ms a node on a 10 ms step: 24 nodes are worth verifying on a guess
+    departs, follows = CycleGate(costs, 24), CycleGate(costs, 24)
+    for gate, copied in ((departs, 5), (follows, 24)):
+        for counted in range(CycleGate.MIN_COPY_TRIALS):
+            assert len(gate.copy_trie(chain(24))) == 24  # too few counted yet: the whole trie
+            text = list(range(100, 100 + copied)) + [7]  # the committed text follows the chain, then departs
+            gate.record_committed(text[:3])  # the text so far still follows it: not counted yet
+            assert gate._copy_big.cycles == counted and len(gate._copy_trials) == 1
+            gate.record_committed(text[3:])
+            assert not gate._copy_trials
+    assert (departs._copy_big.tokens, departs._copy_small.tokens) == (2 * 6, 2 * 6)  # 5 accepted + the target's
+    assert (follows._copy_big.tokens, follows._copy_small.tokens) == (2 * 25, 2 * 17)
+    # the restated passage departs after 5 tokens: the best 16 nodes commit as much for less
+    cut = departs.copy_trie(chain(24))
+    assert len(cut) == 16 and cut.tokens == list(range(100, 116)) and cut.parents == list(range(-1, 15))
+    assert len(follows.copy_trie(chain(24))) == 24  # the copied code went on: deep copies pay
+    assert len(departs.copy_trie(chain(12))) == 12  # no more than 16 nodes: nothing to choose
+    carried = departs.carried_over()  # the next call's text: counted afresh
+    assert not carried._copy_trials and carried._copy_big.cycles == 0 and len(carried.copy_trie(chain(24))) == 24
+
+
+def test_trie_nodes_first_keeps_the_best_nodes_with_their_parents():
+    from hf_spec.drafters.ngram import TrieNodes
+
+    # root -> a(rank 0) -> c(rank 2); root -> b(rank 1) -> d(rank 3); BFS order a, b, c, d
+    trie = TrieNodes(tokens=[1, 2, 3, 4], parents=[-1, -1, 0, 1], depths=[1, 1, 2, 2], counts=[2, 1, 2, 1],
+                     occurrences=3, ranks=[0, 1, 2, 3], probabilities=[0.9, 0.5, 0.8, 0.4])  # fmt: skip
+    best = trie.first(3)
+    assert (best.tokens, best.parents, best.ranks, best.probabilities) == ([1, 2, 3], [-1, -1, 0], [0, 1, 2], [0.9, 0.5, 0.8])
+    assert len(trie.first(0)) == 0 and trie.first(9).tokens == trie.tokens
+
+
 def test_cycle_gate_carries_its_measurements_over_to_the_next_call_with_the_same_target(monkeypatch):
     """A second call with the same target starts from the first call's gate (capped to MEMORY_CYCLES cycles);
     another target (or dtype) starts afresh."""
@@ -532,6 +574,26 @@ def test_cost_gate_stays_lossless_and_skips_the_drafter_on_a_repetitive_text(kin
     # a call that turns the n-gram branches off drafts every cycle, gate or not
     out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, ngram_branches=0)
     assert torch.equal(out, expected) and drafter.last_generation_stats.drafter_skipped_cycles == 0
+
+
+def test_cost_gate_copy_cycles_stay_lossless_and_are_counted(monkeypatch):
+    """Copy cycles under the gate (a copy budget above 16 nodes) verify the whole trie or its best 16 nodes as the
+    gate chooses: greedy output equals plain, and the gate counts what both would have committed."""
+    from hf_spec import tune
+
+    monkeypatch.setattr(tune, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
+    target = make_target("llama")
+    prompt = target_text_prompt(target)  # the tiny target loops: its text copies the prompt
+    expected = plain_generate(target, prompt, max_new_tokens=60, do_sample=False)
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_depth=24, ngram_copy_nodes=24,
+                                               ngram_cost_gate=True)  # fmt: skip
+    for _ in range(2):  # the second call counts its own copies afresh
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=60, tree_depth=2, tree_top_k=2,
+                              tree_total_tokens=2)  # fmt: skip
+        assert torch.equal(out, expected)
+    gate = drafter.__dict__["_last_cycle_gate"][2]
+    assert gate._copy_big.cycles > 0 and gate._copy_big.tokens >= gate._copy_small.tokens
+    assert max(drafter.last_generation_stats.tree_sizes) > 17  # some copy cycle verified more than 16 nodes
 
 
 @pytest.mark.parametrize("kind", ["eagle", "parallel"])

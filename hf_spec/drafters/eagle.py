@@ -26,7 +26,7 @@ from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .layer_config import decoder_layer_config
-from .ngram import CycleGate, NGramBranches
+from .ngram import DEFAULT_DRAFT_DEPTH, DEFAULT_DRAFT_NODES, CycleGate, NGramBranches
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
 from .session import DraftingSession, check_ngram_branches
 
@@ -486,16 +486,21 @@ class EagleDraftingSession(DraftingSession):
         return tree
 
     def gate_nodes(self) -> int:
-        """Most nodes of the n-gram trie that :attr:`gate` weighs against drafting."""
-        return self.drafter.config.ngram_copy_nodes or 16
+        """Most nodes of the n-gram trie that :attr:`gate` weighs against drafting (``ngram_copy_nodes`` on a copy
+        cycle; on others :data:`~hf_spec.drafters.ngram.DEFAULT_DRAFT_NODES`, as :class:`~hf_spec.NGramDrafter`)."""
+        return max(self.drafter.config.ngram_copy_nodes, DEFAULT_DRAFT_NODES)
 
     def _gated_tree(self, root_token: torch.Tensor) -> DraftTree | None:
-        """The n-gram trie alone, sized by this machine's costs, if :attr:`gate` prefers it to drafting; else None."""
+        """The n-gram trie alone, sized by this machine's costs (a copy cycle's by :meth:`CycleGate.copy_trie`), if
+        :attr:`gate` prefers it to drafting; else None."""
         start = timing.clock(self.drafter.device)
-        nodes = self.gate_nodes()
-        depth = self.drafter.config.ngram_depth or nodes
-        tree, expected = self._ngram.sized_tree(int(root_token), self.shape, nodes, depth, self.gate.node_costs,
-                                                root_token.device)  # fmt: skip
+        depth = self.drafter.config.ngram_depth or self.gate_nodes()
+        if self._ngram.copy_budget(depth) > DEFAULT_DRAFT_NODES:  # a copy cycle
+            trie = self.gate.copy_trie(self._ngram.sized_trie(self.shape, self.gate_nodes(), depth, self.gate.node_costs))
+        else:  # as NGramDrafter drafts
+            trie = self._ngram.sized_trie(self.shape, DEFAULT_DRAFT_NODES, min(depth, DEFAULT_DRAFT_DEPTH),
+                                          self.gate.node_costs)  # fmt: skip
+        tree, expected = self._ngram.trie_tree(int(root_token), trie, root_token.device)
         self.forward_seconds += timing.clock(self.drafter.device) - start
         self._gated = (expected, tree)
         if not self.gate.prefers_ngram(expected, len(tree) - 1):

@@ -165,6 +165,20 @@ class TrieNodes:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def first(self, n: int) -> TrieNodes:
+        """The trie of this one's ``n`` best nodes (ranks below ``n``; a parent ranks above its children)."""
+        kept = [i for i, rank in enumerate(self.ranks) if rank < n]
+        new_index = {old: new for new, old in enumerate(kept)}
+        return TrieNodes(
+            tokens=[self.tokens[i] for i in kept],
+            parents=[new_index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in kept],
+            depths=[self.depths[i] for i in kept],
+            counts=[self.counts[i] for i in kept],
+            occurrences=self.occurrences,
+            ranks=[self.ranks[i] for i in kept],
+            probabilities=None if self.probabilities is None else [self.probabilities[i] for i in kept],
+        )
+
 
 # The acceptance model of :func:`scored_trie` (session 37). Fitted on replays of SmolLM2-135M-Instruct's greedy
 # answers to 168 prompts of four data sets (benchmarks/ngram_policy/scored_trees.md): a drafted node that follows
@@ -191,6 +205,11 @@ acceptance model is optimistic on text it was not fitted on, and a slightly dear
 SmolLM2-135M bf16 on a 2-core Zen 4 this gives session 37's fitted 0.035 per node; benchmarks/ngram_policy/)."""
 FALLBACK_NODE_COST = 0.035
 """Per-node cost where no target can be timed (a drafting session made without one, as the replays make)."""
+
+
+DEFAULT_DRAFT_NODES = DEFAULT_DRAFT_DEPTH = 16
+""":class:`NGramDrafter`'s node budget (``num_draft_tokens``) and depth (``max_depth``), and the cost gate's outside
+copy cycles."""
 
 
 def relative_node_costs(verify_ms: dict[int, float], max_nodes: int, margin: float = COST_MARGIN) -> list[float]:
@@ -321,16 +340,7 @@ def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int
         kept.append(i), is_kept.add(i)
         branches[parent] = branches.get(parent, 0) + 1
     if not isinstance(node_cost, (int, float)) or node_cost > 0:
-        if isinstance(node_cost, (int, float)):
-            cost = [1.0 + node_cost * n for n in range(len(kept) + 1)]
-        else:
-            cost = list(node_cost) + [node_cost[-1]] * max(len(kept) + 1 - len(node_cost), 0)
-        best, size, gain = 1.0 / cost[0], 0, 1.0
-        for n, i in enumerate(kept, start=1):
-            gain += probability[i]
-            if gain / cost[n] > best:
-                best, size = gain / cost[n], n
-        kept = kept[:size]
+        kept = kept[:best_size([probability[i] for i in kept], node_cost)]
     rank = {node: r for r, node in enumerate(kept)}
     bfs = sorted(kept, key=lambda i: (depth_of[i], rank[i]))
     new_index = {old: new for new, old in enumerate(bfs)}
@@ -343,6 +353,22 @@ def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int
         ranks=[rank[i] for i in bfs],
         probabilities=[probability[i] for i in bfs],
     )
+
+
+def best_size(probabilities: Sequence[float], node_cost: float | Sequence[float]) -> int:
+    """How many of a trie's best-first nodes (their estimated acceptance ``probabilities``) to keep: the n that
+    maximizes (1 + the first n probabilities' sum) / cost(n), cost(n) being 1 + c * n for a number c,
+    ``node_cost[n]`` for a sequence (its last value past its end)."""
+    if isinstance(node_cost, (int, float)):
+        cost = [1.0 + node_cost * n for n in range(len(probabilities) + 1)]
+    else:
+        cost = list(node_cost) + [node_cost[-1]] * max(len(probabilities) + 1 - len(node_cost), 0)
+    best, size, gain = 1.0 / cost[0], 0, 1.0
+    for n, p in enumerate(probabilities, start=1):
+        gain += p
+        if gain / cost[n] > best:
+            best, size = gain / cost[n], n
+    return size
 
 
 def trie_to_draft_tree(root_token: int, trie: TrieNodes, device=None) -> DraftTree:
@@ -488,6 +514,43 @@ class _Tally:
         return _Tally(self.total * scale, self.count * scale)
 
 
+@dataclass
+class _CopyTrial:
+    """A copy cycle's trie as a counterfactual: its (parent, token) -> (child, rank) map, how many of its best
+    nodes the smaller budget keeps, both versions' relative costs, and the text committed since."""
+
+    children: dict[tuple[int, int], tuple[int, int]]
+    small_nodes: int
+    big_cost: float
+    small_cost: float
+    text: list[int] = field(default_factory=list)
+
+    def outcome(self) -> tuple[int, int] | None:
+        """Tokens the whole trie and its ``small_nodes`` best would have committed (1 + their longest path that
+        the committed text follows), or None while the text may still follow a path further."""
+        node, big, small, on_small = -1, 0, 0, True
+        for token in self.text:
+            child = self.children.get((node, token))
+            if child is None:
+                return 1 + big, 1 + small
+            node, big = child[0], big + 1
+            on_small = on_small and child[1] < self.small_nodes
+            small += on_small
+        return None
+
+
+@dataclass
+class _Rate:
+    """Tokens committed for a cost, over some cycles."""
+
+    tokens: float = 0.0
+    cost: float = 0.0
+    cycles: int = 0
+
+    def add(self, tokens: float, cost: float) -> None:
+        self.tokens, self.cost, self.cycles = self.tokens + tokens, self.cost + cost, self.cycles + 1
+
+
 class CycleGate:
     """Per-cycle choice of a hybrid drafter (``ngram_cost_gate``): the n-gram trie alone, or the drafter's tree
     with that trie grafted in.
@@ -506,13 +569,22 @@ class CycleGate:
 
     The drafter runs when (expected + bias + gain) / (cost(n + m) + drafting) beats (expected + bias) / cost(n):
     where nothing matches it drafts; on a copied passage the trie alone goes to verification. A function of the
-    committed text and of earlier cycles only, never of this cycle's verification: sampling stays exact."""
+    committed text and of earlier cycles only, never of this cycle's verification: sampling stays exact.
+
+    It also sizes *copy cycles* (:meth:`copy_trie`): a trie of up to the copy budget (``ngram_copy_nodes``) is
+    verified only while, on this generation's earlier copy cycles, the whole trie would have committed more
+    tokens per unit of cost than its best :data:`DEFAULT_DRAFT_NODES` nodes (each counted exactly in greedy
+    decoding once the text has gone past it; not carried over: how far a text copies is its own); a copied passage
+    of code goes on deep, a restated sentence that soon departs from its source stops where :class:`NGramDrafter`
+    does."""
 
     PRIOR_CYCLES = 4
     """Each bucket's gain starts from the mean over all buckets (at first ``prior_gain``) weighted as this many
     drafted cycles, and its bias from 0 weighted as this many cycles."""
     BUCKET_EDGES = (1.25, 1.75, 2.5, 4.0)
     """Upper edges of the ``expected``-token buckets (the last bucket is open-ended)."""
+    MIN_COPY_TRIALS = 2
+    """Copy cycles verify their whole trie until this many have been counted."""
     MEMORY_CYCLES = 200
     """A gate carried over to the drafter's next call (:meth:`carried_over`) weighs each bucket's past as at most
     this many cycles (and the drafting time as at most this many drafted cycles), so it keeps adapting."""
@@ -532,6 +604,10 @@ class CycleGate:
         self._drafter_nodes, self._draft_ms = _Tally(), _Tally()
         self._pending: tuple[float, dict[tuple[int, int], int] | None] | None = None
         """The last cycle's trie: its expected tokens and, after a drafted cycle, its (parent, token) -> child map."""
+        self._copy_trials: list[_CopyTrial] = []
+        """Copy cycles whose counterfactuals wait for the text to go past them."""
+        self._copy_big, self._copy_small = _Rate(), _Rate()
+        """What copy cycles' whole tries, and their best :data:`DEFAULT_DRAFT_NODES` nodes, would have committed."""
 
     def _cost(self, nodes: float) -> float:
         """Relative cost of verifying ``nodes`` (a mean, so fractional) nodes; past ``max_nodes`` extended linearly."""
@@ -549,6 +625,7 @@ class CycleGate:
         gate._bias = [tally.capped(self.MEMORY_CYCLES) for tally in self._bias]
         gate._drafter_nodes = self._drafter_nodes.capped(self.MEMORY_CYCLES)
         gate._draft_ms = self._draft_ms.capped(self.MEMORY_CYCLES)
+        gate._copy_trials, gate._copy_big, gate._copy_small = [], _Rate(), _Rate()  # how far a text copies is its own
         return gate
 
     def bucket(self, expected_tokens: float) -> int:
@@ -590,9 +667,38 @@ class CycleGate:
         children = {(parents[i], tokens[i]): i for i in range(1, len(tokens))}
         self._pending = (expected_tokens, children)
 
+    def copy_trie(self, trie: TrieNodes, nodes: int = DEFAULT_DRAFT_NODES) -> TrieNodes:
+        """What a copy cycle verifies of ``trie`` (cut to this gate's costs, up to the copy budget): all of it,
+        or, once earlier copy cycles say the nodes past the best ``nodes`` did not pay for themselves, those best
+        ``nodes`` cut again to the costs. Either way the trie is kept as a counterfactual (:class:`_CopyTrial`)."""
+        if len(trie) <= nodes:  # both budgets keep the same nodes
+            return trie
+        order = sorted(range(len(trie)), key=trie.ranks.__getitem__)
+        small = best_size([trie.probabilities[i] for i in order[:nodes]], self.node_costs)
+        children = {(trie.parents[i], trie.tokens[i]): (i, trie.ranks[i]) for i in range(len(trie))}
+        self._copy_trials.append(_CopyTrial(children, small, self._cost(len(trie)), self._cost(small)))
+        big, cut = self._copy_big, self._copy_small
+        if big.cycles < self.MIN_COPY_TRIALS or big.tokens * cut.cost >= cut.tokens * big.cost:
+            return trie
+        return trie.first(small)
+
+    def _record_copy_outcomes(self, tokens: Sequence[int]) -> None:
+        waiting = []
+        for trial in self._copy_trials:
+            trial.text.extend(tokens)
+            outcome = trial.outcome()
+            if outcome is None:
+                waiting.append(trial)
+            else:
+                self._copy_big.add(outcome[0], trial.big_cost)
+                self._copy_small.add(outcome[1], trial.small_cost)
+        self._copy_trials = waiting
+
     def record_committed(self, tokens: Sequence[int]) -> None:
         """The tokens the last cycle committed (accepted + the target's own), after :meth:`record_ngram` or
         :meth:`record_drafted`."""
+        if self._copy_trials:
+            self._record_copy_outcomes(tokens)
         if self._pending is None:
             return
         expected, children = self._pending
@@ -638,7 +744,8 @@ class NGramBranches:
         ``ngram_datastore_match_nodes``."""
         self.index = NGramIndex(min_match, max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
-        self._scanned: tuple[tuple[int, int], list[Continuation]] | None = None
+        self._scanned: tuple[int, int, list[Continuation]] | None = None
+        """The last scan: the text's length, the depth scanned, the continuations."""
 
     def extend(self, next_tokens: torch.Tensor) -> list[int]:
         """Index newly committed tokens (one host read); returns them as a list."""
@@ -647,12 +754,13 @@ class NGramBranches:
         return tokens
 
     def continuations(self, depth: int):
-        """An iterator over this cycle's continuations (:func:`ranked_continuations`, ``depth`` tokens
-        each), scanned once per cycle however many budgets and tries read them."""
-        key = (len(self.index.tokens), depth)
-        if self._scanned is None or self._scanned[0] != key:
-            self._scanned = (key, ranked_continuations(self.index, self.datastore, depth, self.max_occurrences))
-        return iter(self._scanned[1])
+        """An iterator over this cycle's continuations (:func:`ranked_continuations`, at least ``depth`` tokens
+        each where the text goes on), scanned once per cycle however many budgets and tries read them (a trie
+        reads a continuation's first ``max_depth`` tokens only, so a deeper scan serves a shallower trie)."""
+        length = len(self.index.tokens)
+        if self._scanned is None or self._scanned[0] != length or self._scanned[1] < depth:
+            self._scanned = (length, depth, ranked_continuations(self.index, self.datastore, depth, self.max_occurrences))
+        return iter(self._scanned[2])
 
     @property
     def has_cycle_budgets(self) -> bool:
@@ -675,13 +783,17 @@ class NGramBranches:
     def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
         """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
         ``depth``, ``shape.top_k`` branches per node; every drafted node is marked ``from_ngram``."""
-        return self.sized_tree(root_token, shape, num_nodes, depth, 0.0, device)[0]
+        return self.trie_tree(root_token, self.sized_trie(shape, num_nodes, depth, 0.0), device)[0]
 
-    def sized_tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int,
-                   node_cost: float | Sequence[float], device=None) -> tuple[DraftTree, float]:  # fmt: skip
-        """:meth:`tree` cut by ``node_cost`` as :class:`NGramDrafter` cuts its trees (:func:`scored_trie`), and
-        the tokens such a cycle is expected to commit: 1 + the expected number of accepted nodes."""
-        trie = scored_trie(self.continuations(depth), num_nodes, depth, shape.top_k, node_cost)
+    def sized_trie(self, shape: TreeShape, num_nodes: int, depth: int, node_cost: float | Sequence[float]) -> TrieNodes:
+        """This cycle's trie of up to ``num_nodes`` nodes to ``depth``, ``shape.top_k`` branches per node, cut by
+        ``node_cost`` as :class:`NGramDrafter` cuts its trees (:func:`scored_trie`)."""
+        return scored_trie(self.continuations(depth), num_nodes, depth, shape.top_k, node_cost)
+
+    @staticmethod
+    def trie_tree(root_token: int, trie: TrieNodes, device=None) -> tuple[DraftTree, float]:
+        """``trie`` under ``root_token`` as a draft tree of n-gram nodes only, and the tokens such a cycle is
+        expected to commit: 1 + the expected number of accepted nodes."""
         tree = trie_to_draft_tree(root_token, trie, device=device)
         tree.from_ngram = torch.arange(len(tree)) > 0
         return tree, 1.0 + sum(trie.probabilities)
@@ -736,8 +848,9 @@ class NGramDrafterConfig(SpecDrafterConfig):
     def __init__(self, max_match: int = 4, min_match: int = 1, num_draft_tokens: int | None = None,
                  max_depth: int | None = None, max_branches: int | None = None, max_occurrences: int = 16,
                  copy_nodes: int = 0, copy_depth: int | None = None, node_cost: float | None = None, **kwargs):  # fmt: skip
-        kwargs["tree_total_tokens"] = num_draft_tokens if num_draft_tokens is not None else kwargs.get("tree_total_tokens", 16)
-        kwargs["tree_depth"] = max_depth if max_depth is not None else kwargs.get("tree_depth", 16)
+        kwargs["tree_total_tokens"] = (num_draft_tokens if num_draft_tokens is not None
+                                       else kwargs.get("tree_total_tokens", DEFAULT_DRAFT_NODES))  # fmt: skip
+        kwargs["tree_depth"] = max_depth if max_depth is not None else kwargs.get("tree_depth", DEFAULT_DRAFT_DEPTH)
         kwargs["tree_top_k"] = max_branches if max_branches is not None else kwargs.get("tree_top_k", 4)
         if not 1 <= min_match <= max_match:
             raise ValueError(f"NGramDrafterConfig needs 1 <= min_match <= max_match, got {min_match} and {max_match}.")
