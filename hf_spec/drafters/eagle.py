@@ -496,10 +496,9 @@ class EagleDraftingSession(DraftingSession):
         start = timing.clock(self.drafter.device)
         depth = self.drafter.config.ngram_depth or self.gate_nodes()
         if self._ngram.copy_budget(depth) > DEFAULT_DRAFT_NODES:  # a copy cycle
-            trie = self.gate.copy_trie(self._ngram.sized_trie(self.shape, self.gate_nodes(), depth, self.gate.node_costs))
-        else:  # as NGramDrafter drafts
-            trie = self._ngram.sized_trie(self.shape, DEFAULT_DRAFT_NODES, min(depth, DEFAULT_DRAFT_DEPTH),
-                                          self.gate.node_costs)  # fmt: skip
+            trie = self.gate.copy_trie(self._ngram.sized_trie(self.gate_nodes(), depth, self.gate.node_costs))
+        else:  # as NGramDrafter drafts (not the drafter tree's branching: the trie alone is verified)
+            trie = self._ngram.sized_trie(DEFAULT_DRAFT_NODES, min(depth, DEFAULT_DRAFT_DEPTH), self.gate.node_costs)
         tree, expected = self._ngram.trie_tree(int(root_token), trie, root_token.device)
         self.forward_seconds += timing.clock(self.drafter.device) - start
         self._gated = (expected, tree)

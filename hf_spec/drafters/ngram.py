@@ -41,6 +41,7 @@ this law: every emitted token follows the target's distribution exactly.
 from __future__ import annotations
 
 import copy
+import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -208,8 +209,9 @@ FALLBACK_NODE_COST = 0.035
 
 
 DEFAULT_DRAFT_NODES = DEFAULT_DRAFT_DEPTH = 16
-""":class:`NGramDrafter`'s node budget (``num_draft_tokens``) and depth (``max_depth``), and the cost gate's outside
-copy cycles."""
+DEFAULT_DRAFT_BRANCHES = 4
+""":class:`NGramDrafter`'s node budget (``num_draft_tokens``), depth (``max_depth``) and branching
+(``max_branches``); the cost gate's tries take them too (its copy cycles a larger budget)."""
 
 
 def relative_node_costs(verify_ms: dict[int, float], max_nodes: int, margin: float = COST_MARGIN) -> list[float]:
@@ -272,73 +274,59 @@ def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int
     nodes costs relative to a one-token decoding step: 1 + c * n for a number c (0: no cut), ``node_cost[n]`` for
     a sequence (:func:`relative_node_costs`; its last value past its end). So a cycle drafts deep where the text
     is being copied and little or nothing where no occurrence is likely to be followed."""
-    # Per node and (match length, source): occurrences through the node, and those whose continuation stops there;
-    # source 0 counts the context's occurrences, source 1 the context's and a corpus's together.
-    token_of, parent_of, depth_of, best_len, recency, counts, ended = [], [], [], [], [], [], []
-    children: list[dict[int, int]] = [{}]  # children[0] is the root's; node i's are children[i + 1]
-    root_counts: dict[tuple[int, int], int] = {}
-    occurrences = 0
-    for cont in continuations:
-        occurrences += 1
-        length = cont.match_length
-        keys = ((length, 0), (length, 1)) if cont.position >= 0 else ((length, 1),)
-        for key in keys:
-            root_counts[key] = root_counts.get(key, 0) + 1
-        node = -1
-        for depth, token in enumerate(cont.tokens[:max_depth], start=1):
-            child = children[node + 1].get(token)
-            if child is None:
-                child = len(token_of)
-                children[node + 1][token] = child
-                children.append({})
-                token_of.append(token), parent_of.append(node), depth_of.append(depth)
-                best_len.append(length), recency.append(cont.position), counts.append({}), ended.append({})
-            for key in keys:
-                counts[child][key] = counts[child].get(key, 0) + 1
-            node = child
-        if len(cont.tokens) < max_depth and node >= 0:  # the text ends here: no evidence about what follows
-            for key in keys:
-                ended[node][key] = ended[node].get(key, 0) + 1
+    # Best first: a node's probability is at most its parent's, so only the children of kept nodes are scored (a
+    # heap of candidates), each from the continuations through its parent, never the whole trie.
+    conts = list(continuations)
+    paths = [c.tokens[:max_depth] for c in conts]
+    token_of, parent_of, depth_of, probability, members = [], [], [], [], []
+    heap: list[tuple[float, int, int, int, int]] = []  # (-probability, depth, -recency, first continuation, node)
 
-    def going_on(node: int, key: tuple[int, int]) -> int:
-        """Occurrences of ``key`` through ``node`` (-1: the root) whose continuation goes on below it."""
-        if node < 0:
-            return root_counts.get(key, 0)
-        return counts[node].get(key, 0) - ended[node].get(key, 0)
+    def push_children(parent: int, through: list[int], depth: int, parent_probability: float) -> None:
+        """Score the children of ``parent`` (-1: the root) at ``depth`` + 1, from the continuations ``through`` it."""
+        going_on: dict[tuple[int, int], int] = {}  # (match length, source) -> continuations going on below parent
+        groups: dict[int, list[int]] = {}
+        for c in through:
+            if depth < len(paths[c]) or parent < 0:
+                length = conts[c].match_length
+                if conts[c].position >= 0:
+                    going_on[(length, 0)] = going_on.get((length, 0), 0) + 1
+                going_on[(length, 1)] = going_on.get((length, 1), 0) + 1
+            if depth < len(paths[c]):
+                groups.setdefault(paths[c][depth], []).append(c)
+        longest = max((n for n, _ in going_on), default=0)  # the longest match length going on below parent
+        for token, group in groups.items():
+            first = conts[group[0]]  # continuations come longest match first: the child's match length
+            length = first.match_length
+            context, everything = going_on.get((length, 0), 0), going_on[(length, 1)]
+            in_context = sum(1 for c in group if conts[c].match_length == length and conts[c].position >= 0)
+            corpus = everything - context
+            if not corpus:
+                share = in_context / context
+            else:
+                of_length = sum(1 for c in group if conts[c].match_length == length)
+                corpus_share = (of_length - in_context) / corpus
+                share = (corpus_share * DATASTORE_FACTOR if not context
+                         else CONTEXT_WEIGHT * in_context / context + (1 - CONTEXT_WEIGHT) * corpus_share)  # fmt: skip
+            q = share * match_acceptance(length + depth)
+            if length < longest:
+                q *= SHORTER_MATCH_FACTOR
+            node = len(token_of)
+            token_of.append(token), parent_of.append(parent), depth_of.append(depth + 1), members.append(group)
+            probability.append(q * parent_probability)
+            heapq.heappush(heap, (-probability[node], depth + 1, -first.position, group[0], node))
 
-    def share(i: int, parent: int, length: int) -> float:
-        """The fraction of ``length``'s occurrences going on below ``parent`` that go on to node ``i``."""
-        context, everything = going_on(parent, (length, 0)), going_on(parent, (length, 1))
-        corpus = everything - context
-        in_context = counts[i].get((length, 0), 0)
-        if not corpus:
-            return in_context / context
-        corpus_share = (counts[i][(length, 1)] - in_context) / corpus
-        if not context:
-            return corpus_share * DATASTORE_FACTOR
-        return CONTEXT_WEIGHT * in_context / context + (1 - CONTEXT_WEIGHT) * corpus_share
-
-    live_best = [max((n for n, source in node if source and going_on(i, (n, 1)) > 0), default=0)
-                 for i, node in enumerate(counts)]  # per node: the longest match length going on below it
-    root_best = max((n for n, _ in root_counts), default=0)
-    probability = []
-    for i, parent in enumerate(parent_of):  # parents are created before their children
-        length = best_len[i]
-        q = share(i, parent, length) * match_acceptance(length + depth_of[i] - 1)
-        if length < (live_best[parent] if parent >= 0 else root_best):
-            q *= SHORTER_MATCH_FACTOR
-        probability.append(q * (probability[parent] if parent >= 0 else 1.0))
-    order = sorted(range(len(token_of)), key=lambda i: (-probability[i], depth_of[i], -recency[i]))
+    push_children(-1, list(range(len(conts))), 0, 1.0)
     kept: list[int] = []
-    is_kept, branches = set(), {-1: 0}
-    for i in order:
-        if len(kept) >= num_nodes:
-            break
+    branches: dict[int, int] = {}
+    while heap and len(kept) < num_nodes:
+        i = heapq.heappop(heap)[4]
         parent = parent_of[i]
-        if (parent >= 0 and parent not in is_kept) or branches.get(parent, 0) >= max_branches:
+        if branches.get(parent, 0) >= max_branches:
             continue
-        kept.append(i), is_kept.add(i)
+        kept.append(i)
         branches[parent] = branches.get(parent, 0) + 1
+        if depth_of[i] < max_depth:
+            push_children(i, members[i], depth_of[i], probability[i])
     if not isinstance(node_cost, (int, float)) or node_cost > 0:
         kept = kept[:best_size([probability[i] for i in kept], node_cost)]
     rank = {node: r for r, node in enumerate(kept)}
@@ -348,8 +336,8 @@ def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int
         tokens=[token_of[i] for i in bfs],
         parents=[new_index[parent_of[i]] if parent_of[i] >= 0 else -1 for i in bfs],
         depths=[depth_of[i] for i in bfs],
-        counts=[sum(c for (_, source), c in counts[i].items() if source) for i in bfs],
-        occurrences=occurrences,
+        counts=[len(members[i]) for i in bfs],
+        occurrences=len(conts),
         ranks=[rank[i] for i in bfs],
         probabilities=[probability[i] for i in bfs],
     )
@@ -783,12 +771,13 @@ class NGramBranches:
     def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
         """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
         ``depth``, ``shape.top_k`` branches per node; every drafted node is marked ``from_ngram``."""
-        return self.trie_tree(root_token, self.sized_trie(shape, num_nodes, depth, 0.0), device)[0]
+        return self.trie_tree(root_token, self.sized_trie(num_nodes, depth, 0.0, shape.top_k), device)[0]
 
-    def sized_trie(self, shape: TreeShape, num_nodes: int, depth: int, node_cost: float | Sequence[float]) -> TrieNodes:
-        """This cycle's trie of up to ``num_nodes`` nodes to ``depth``, ``shape.top_k`` branches per node, cut by
+    def sized_trie(self, num_nodes: int, depth: int, node_cost: float | Sequence[float],
+                   max_branches: int = DEFAULT_DRAFT_BRANCHES) -> TrieNodes:  # fmt: skip
+        """This cycle's trie of up to ``num_nodes`` nodes to ``depth``, ``max_branches`` per node, cut by
         ``node_cost`` as :class:`NGramDrafter` cuts its trees (:func:`scored_trie`)."""
-        return scored_trie(self.continuations(depth), num_nodes, depth, shape.top_k, node_cost)
+        return scored_trie(self.continuations(depth), num_nodes, depth, max_branches, node_cost)
 
     @staticmethod
     def trie_tree(root_token: int, trie: TrieNodes, device=None) -> tuple[DraftTree, float]:
@@ -851,7 +840,7 @@ class NGramDrafterConfig(SpecDrafterConfig):
         kwargs["tree_total_tokens"] = (num_draft_tokens if num_draft_tokens is not None
                                        else kwargs.get("tree_total_tokens", DEFAULT_DRAFT_NODES))  # fmt: skip
         kwargs["tree_depth"] = max_depth if max_depth is not None else kwargs.get("tree_depth", DEFAULT_DRAFT_DEPTH)
-        kwargs["tree_top_k"] = max_branches if max_branches is not None else kwargs.get("tree_top_k", 4)
+        kwargs["tree_top_k"] = max_branches if max_branches is not None else kwargs.get("tree_top_k", DEFAULT_DRAFT_BRANCHES)
         if not 1 <= min_match <= max_match:
             raise ValueError(f"NGramDrafterConfig needs 1 <= min_match <= max_match, got {min_match} and {max_match}.")
         if not isinstance(max_occurrences, int) or max_occurrences < 1:
