@@ -232,6 +232,34 @@ def test_node_cost_sizes_the_tree():
         hf_spec.NGramDrafter(node_cost=-1)
 
 
+def test_acceptance_calibration_shrinks_trees_whose_nodes_the_target_does_not_follow():
+    """Verified nodes are counted against their estimates per band; the size cut weighs them at the measured rate
+    (a prior of 2 estimated tokens agreeing), so a text that rarely follows its matches gets smaller trees."""
+    from hf_spec.drafters.ngram import AcceptanceCalibration, TrieNodes
+
+    chain = TrieNodes(tokens=[5, 6, 7], parents=[-1, 0, 1], depths=[1, 2, 3], counts=[1] * 3, occurrences=1,
+                      ranks=[0, 1, 2], probabilities=[0.8, 0.6, 0.3])  # fmt: skip
+    calibration = AcceptanceCalibration()
+    assert calibration.calibrated([0.8, 0.05]) == [0.8, 0.05]  # nothing measured: the estimates
+    for _ in range(4):
+        calibration.record(chain, [5, 9])  # the target follows the first node only, then writes 9
+    # bands: 0.8 -> [0.75, 1): 4 accepted of 3.2 estimated; 0.6 -> [0.5, 0.75): 0 of 2.4; 0.3 -> [0.25, 0.5): 0 of 1.2
+    assert calibration.calibrated([0.8, 0.6, 0.3, 0.05]) == pytest.approx(
+        [0.8 * 6 / 5.2, 0.6 * 2 / 4.4, 0.3 * 2 / 3.2, 0.05])
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]  # a copied passage: a deep chain, one occurrence
+    session, tree = session_for(context, node_cost=0.05)
+    sizes = [len(tree) - 1]
+    for _ in range(6):  # the target never follows the chain: each verified trie is recorded with what it wrote
+        tree = session.propose(None, torch.tensor([99, 1, 2, 3, 4]))
+        sizes.append(len(tree) - 1)
+    plain_session, plain_tree = session_for(context, node_cost=0.05, calibrate=False)
+    for _ in range(6):  # calibrate=False: the fitted estimates as they are, on the same texts
+        plain_tree = plain_session.propose(None, torch.tensor([99, 1, 2, 3, 4]))
+    assert sizes[0] >= 4 and sizes[-1] < len(plain_tree) - 1
+    with pytest.raises(ValueError, match="calibrate"):
+        hf_spec.NGramDrafter(calibrate="yes")
+
+
 def test_default_sizes_trees_by_this_machines_measured_verification_costs(monkeypatch):
     """node_cost None: the cut weighs acceptance against the target's measured curve (tune.verify_cost_curve),
     so a flat curve (a GPU, AMX) drafts the whole tree and a steep one drafts nothing on a weak match."""
