@@ -247,13 +247,13 @@ def test_acceptance_calibration_shrinks_trees_whose_nodes_the_target_does_not_fo
     assert calibration.calibrated([0.8, 0.6, 0.3, 0.05]) == pytest.approx(
         [0.8 * 6 / 5.2, 0.6 * 2 / 4.4, 0.3 * 2 / 3.2, 0.05])
     context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]  # a copied passage: a deep chain, one occurrence
-    session, tree = session_for(context, node_cost=0.05)
+    session, tree = session_for(context, node_cost=0.05, calibrate=True)
     sizes = [len(tree) - 1]
     for _ in range(6):  # the target never follows the chain: each verified trie is recorded with what it wrote
         tree = session.propose(None, torch.tensor([99, 1, 2, 3, 4]))
         sizes.append(len(tree) - 1)
-    plain_session, plain_tree = session_for(context, node_cost=0.05, calibrate=False)
-    for _ in range(6):  # calibrate=False: the fitted estimates as they are, on the same texts
+    plain_session, plain_tree = session_for(context, node_cost=0.05)
+    for _ in range(6):  # the default: the fitted estimates as they are, on the same texts
         plain_tree = plain_session.propose(None, torch.tensor([99, 1, 2, 3, 4]))
     assert sizes[0] >= 4 and sizes[-1] < len(plain_tree) - 1
     with pytest.raises(ValueError, match="calibrate"):
@@ -398,8 +398,11 @@ def test_bench_method_hf_spec_ngram():
     assert (drafter.config.max_depth, drafter.config.num_draft_tokens, drafter.config.max_branches) == (6, 10, 2)
     assert method.info["drafter"] == "ngram" and method.info["max_depth"] == 6
     assert parse_method("hf_spec:ngram:node_cost=0.02", torch.float32).info["node_cost"] == 0.02
-    with pytest.raises(ValueError, match="unknown n-gram option"):
-        parse_method("hf_spec:ngram:deep=6", torch.float32)
+    assert parse_method("hf_spec:ngram:calibrate=1", torch.float32).info["calibrate"] is True
+    assert method.info["calibrate"] is False
+    for bad in ("deep=6", "calibrate=2"):
+        with pytest.raises(ValueError, match="unknown n-gram option"):
+            parse_method(f"hf_spec:ngram:{bad}", torch.float32)
     target = make_target("llama")
     prompts = {"rep": [{"id": f"rep/{i}", "input_ids": repetitive_prompt(seed=i)[0].tolist()} for i in range(2)]}
     methods = [parse_method("plain"), parse_method("hf_spec:ngram")]

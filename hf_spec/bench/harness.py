@@ -21,7 +21,8 @@ Methods (strings, as on the command line):
 - ``hf_spec:ngram`` or ``hf_spec:ngram:key=value:...``: the weightless context n-gram
   tree drafter (:class:`hf_spec.NGramDrafter`); keys: ``depth`` (max_depth), ``tokens``
   (num_draft_tokens), ``branches`` (max_branches), ``max_match``, ``min_match``,
-  ``occurrences`` (max_occurrences), ``node_cost`` (a decimal, 0: fixed-size trees), e.g.
+  ``occurrences`` (max_occurrences), ``node_cost`` (a decimal, 0: fixed-size trees), ``calibrate``
+  (1: size trees by measured acceptance too), e.g.
   ``hf_spec:ngram:depth=8:tokens=16``; ``datastore=<folder or file>``
   adds an n-gram datastore (e.g. a drafter folder's ``ngram_datastore.safetensors``).
 
@@ -137,7 +138,8 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.bfloat16):
 
 NGRAM_OPTIONS = {"depth": "max_depth", "tokens": "num_draft_tokens", "branches": "max_branches",
                  "max_match": "max_match", "min_match": "min_match", "occurrences": "max_occurrences",
-                 "copy": "copy_nodes", "copy_depth": "copy_depth", "node_cost": "node_cost"}  # fmt: skip
+                 "copy": "copy_nodes", "copy_depth": "copy_depth", "node_cost": "node_cost",
+                 "calibrate": "calibrate"}  # fmt: skip
 """``hf_spec:ngram:key=value`` option keys -> :class:`hf_spec.NGramDrafterConfig` arguments."""
 
 
@@ -158,10 +160,11 @@ def _ngram_drafter(spec: str, name: str):
             datastore = NGramDatastore.load(file)
             continue
         number = value.isdigit() or (key == "node_cost" and value.replace(".", "", 1).isdigit())
-        if key not in NGRAM_OPTIONS or not eq or not number:
+        if key not in NGRAM_OPTIONS or not eq or not number or (key == "calibrate" and value not in ("0", "1")):
             raise ValueError(f"{name}: unknown n-gram option {option!r}; use key=N with key in {sorted(NGRAM_OPTIONS)} "
-                             "(node_cost takes a decimal, e.g. node_cost=0.02)")  # fmt: skip
-        options[NGRAM_OPTIONS[key]] = float(value) if key == "node_cost" else int(value)
+                             "(node_cost takes a decimal, e.g. node_cost=0.02; calibrate 0 or 1)")  # fmt: skip
+        options[NGRAM_OPTIONS[key]] = (float(value) if key == "node_cost" else value == "1" if key == "calibrate"
+                                       else int(value))  # fmt: skip
     return hf_spec.NGramDrafter(datastore=datastore, **options), options
 
 
@@ -231,7 +234,8 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
             and getattr(drafter.config, "auto_tree_shape", None) is not False and not tree and "ngram_branches" not in options}  # fmt: skip
     if ngram_options is not None:
         info.update(drafter="ngram", **{k: getattr(drafter.config, k) for k in (
-            "max_match", "min_match", "num_draft_tokens", "max_depth", "max_branches", "max_occurrences", "node_cost")})  # fmt: skip
+            "max_match", "min_match", "num_draft_tokens", "max_depth", "max_branches", "max_occurrences", "node_cost",
+            "calibrate")})  # fmt: skip
     if fixed_exit is not None:
         info["fixed_exit"] = fixed_exit
     return Method(name, {"assistant_model": drafter, **tree, **options}, stats, info)

@@ -499,7 +499,6 @@ class EagleDraftingSession(DraftingSession):
             trie = self.gate.copy_trie(self._ngram.sized_trie(self.gate_nodes(), depth, self.gate.node_costs))
         else:  # as NGramDrafter drafts (not the drafter tree's branching: the trie alone is verified)
             trie = self._ngram.sized_trie(DEFAULT_DRAFT_NODES, min(depth, DEFAULT_DRAFT_DEPTH), self.gate.node_costs)
-        self._ngram.verified = trie  # verified alone, or grafted whole into the drafter's tree
         tree, expected = self._ngram.trie_tree(int(root_token), trie, root_token.device)
         self.forward_seconds += timing.clock(self.drafter.device) - start
         self._gated = (expected, tree)

@@ -6,7 +6,7 @@ the fastest kept; the first timing printed too). T=0, 128 new tokens.
     ARMS="plain pl ngram_ds hass_gate ..." DTYPE=float32 python ab_gate40.py DATASET SKIP LIMIT [...] > log
 
 Arms: plain; pl (transformers' prompt lookup, 10 tokens); ngram_ds (NGramDrafter + the folders' datastore);
-ngram_ds_raw (the same without measured-acceptance calibration, calibrate=False);
+ngram_ds_raw / ngram_ds_cal (the same with calibrate=False / True; the default was True at 8e2633c only);
 hass_alone (HASS with ngram_branches=0: the trained part alone); hass_gate / eagle_gate / pspec_gate / coral_gate
 (the four SmolLM2 folders as shipped: ngram_cost_gate on). Only the arms named in ARMS are loaded.
 """
@@ -41,10 +41,12 @@ def folder(key):  # one object per arm: a gated drafter carries its gate over fr
 
 ARMS = {"plain": {}, "pl": {"prompt_lookup_num_tokens": 10}}
 for name in names:
-    if name == "ngram_ds":
+    if name == "ngram_ds":  # the default (8e2633c: calibrated; from the next commit on: not)
         ARMS[name] = {"assistant_model": hf_spec.NGramDrafter(datastore=store)}
-    elif name == "ngram_ds_raw":  # without the measured-acceptance calibration (from b19e444 on; before, always)
+    elif name == "ngram_ds_raw":  # without the measured-acceptance calibration
         ARMS[name] = {"assistant_model": hf_spec.NGramDrafter(datastore=store, calibrate=False)}
+    elif name == "ngram_ds_cal":  # with it
+        ARMS[name] = {"assistant_model": hf_spec.NGramDrafter(datastore=store, calibrate=True)}
     elif name.endswith("_alone"):
         ARMS[name] = {"assistant_model": folder(name[:-6]), "ngram_branches": 0}
     elif name.endswith("_gate"):
