@@ -1,7 +1,7 @@
 """hf-spec: lossless tree speculative decoding with trained drafters inside ``generate()``.
 
-``import hf_spec`` registers the drafter classes with ``AutoConfig``/``AutoModel`` and installs
-the one integration point (see :mod:`hf_spec.generation`): afterwards
+``import hf_spec`` registers the drafter classes with ``AutoConfig``/``AutoModel`` (:mod:`hf_spec.drafters`)
+and installs the one integration point (see :mod:`hf_spec.generation`): afterwards
 ``target.generate(input_ids, assistant_model=drafter)`` runs hf-spec's tree decoding.
 """
 
@@ -9,9 +9,7 @@ from .hardware import configure_mkl
 
 configure_mkl()  # before any float32 product: MKL reads it at its first call (hf_spec.hardware)
 
-from transformers import AutoConfig, AutoModel  # noqa: E402
-
-from .drafters import (
+from .drafters import (  # noqa: E402
     Eagle3Drafter,
     Eagle3DrafterConfig,
     EagleDrafter,
@@ -25,26 +23,15 @@ from .drafters import (
     SpecDrafterConfig,
     SpecDrafterModel,
 )
-from .hub.convert import AutoDrafter
+from .controller import SpeedController
+from .drafters.registry import DRAFTER_CLASSES
 from .generation import install, speculative_decode, uninstall
+from .hub.convert import AutoDrafter
 from .resources import PACKAGED_MODELS, load_packaged_model, packaged_model_path
 from .stats import GenerationStats
 from .tree.dynamic import TreeShape
 from .tree.tree import DraftTree
-
-__version__ = "0.1.0"
-
-DRAFTER_CLASSES = {
-    EagleDrafterConfig.model_type: (EagleDrafterConfig, EagleDrafter),
-    Eagle3DrafterConfig.model_type: (Eagle3DrafterConfig, Eagle3Drafter),
-    SortedDrafterConfig.model_type: (SortedDrafterConfig, SortedDrafter),
-    ParallelDrafterConfig.model_type: (ParallelDrafterConfig, ParallelDrafter),
-}
-"""model_type -> (config class, model class) of every drafter family."""
-
-for _model_type, (_config_class, _model_class) in DRAFTER_CLASSES.items():
-    AutoConfig.register(_model_type, _config_class, exist_ok=True)
-    AutoModel.register(_config_class, _model_class, exist_ok=True)
+from .version import __version__
 
 install()
 
@@ -63,6 +50,7 @@ __all__ = [
     "SpecDrafterConfig",
     "SpecDrafterModel",
     "GenerationStats",
+    "SpeedController",
     "DraftTree",
     "TreeShape",
     "DRAFTER_CLASSES",

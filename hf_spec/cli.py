@@ -160,8 +160,7 @@ def _run_tune(args: argparse.Namespace) -> int:
     from .hardware import dtype_name, resolve_dtype
     from .tune import QUICK_GRID, TuneGrid, default_output, format_table, machine_description, now_utc, tune, write_tree_shape
 
-    import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
-    from transformers import AutoModel
+    from transformers import AutoModel  # the drafter classes are registered with it (hf_spec.drafters)
 
     device = _torch_device(args.device)
     dtype = resolve_dtype(args.dtype, device)

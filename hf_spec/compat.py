@@ -10,6 +10,8 @@ fails with a message naming the attribute when a transformers upgrade changes it
 - ``config._attn_implementation`` is read (the tree path needs an implementation that takes an
   arbitrary 4D mask, :func:`check_tree_mask_attention`) and set on drafter layer configs
   (:func:`attn_implementation`, :func:`set_attn_implementation`).
+- A target's attention window is read from its config's ``sliding_window``, ``layer_types`` and Qwen2's
+  ``use_sliding_window`` (:func:`target_sliding_window`).
 - ``config._name_or_path`` is read as a model's name and set on packaged models
   (:func:`model_name_or_path`, :func:`set_model_name_or_path`).
 - ``generation_config._pad_token_tensor``, the pad token ``generate()`` prepared
@@ -108,6 +110,24 @@ def check_tree_mask_attention(model) -> None:
                 'attn_implementation="sdpa" (or "eager"), e.g. AutoModelForCausalLM.from_pretrained(name, '
                 'attn_implementation="sdpa"), or call model.set_attn_implementation("sdpa").'
             )
+
+
+def target_sliding_window(config) -> int | None:
+    """The target's attention window if all its layers use one, None if none do (reads the config's
+    ``sliding_window``, ``layer_types`` and Qwen2's ``use_sliding_window``)."""
+    config = config.get_text_config()
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+        return None
+    if layer_types is not None and any(t != "sliding_attention" for t in layer_types):
+        raise ValueError(
+            "Targets that mix sliding-window and full-attention layers are not supported by tree verification yet. "
+            "Fix: use plain generate() or transformers' assisted decoding for this model."
+        )
+    if getattr(config, "model_type", None) == "qwen2" and not getattr(config, "use_sliding_window", False):
+        return None
+    return int(window)
 
 
 def model_name_or_path(config) -> str | None:

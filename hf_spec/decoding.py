@@ -1,14 +1,16 @@
 """The tree speculative decoding loop: ONE loop over rows, batch 1 being one row.
 
 Every call runs the same phases (:func:`decode`): set-up, prefill and first token of every
-row, then per cycle: emit (append each row's tokens, stopping criteria, streamer) -> propose
-(``session.propose``, one draft tree per row) -> verify (one target forward and one LM-head
-matmul for all rows, then each row's walk, :func:`hf_spec.verify.verify_tree`) -> commit
-(stats, the accepted path becomes the row's pending pairs, the cache keeps it) -> output.
+row, then per cycle: emit (append each row's tokens, stopping criteria, streamer; the speed
+controller gets the last cycle's wall time and committed tokens) -> choose (the controller's
+arm for this cycle: plain, or one of the drafter's tree shapes, :mod:`hf_spec.controller`) ->
+propose (one draft tree per row, by that arm's drafting session) -> verify (one target forward
+and one LM-head matmul for all rows, then each row's walk, :func:`hf_spec.verify.verify_tree`)
+-> commit (stats, the accepted path becomes the row's pending pairs, the cache keeps it) -> output.
 
-Drafting stays per row: every row has its own drafting session
-(:class:`~hf_spec.drafters.session.DraftingSession`, its own drafter cache), started from that
-row's unpadded prompt. Only the target's cache layout differs with the batch, behind the
+Drafting stays per row: every row has its own drafting sessions (:class:`RowDrafting`: one
+:class:`~hf_spec.drafters.session.DraftingSession` per drafted arm, each with its own drafter
+cache, fed the committed pairs it missed), started from that row's unpadded prompt. Only the target's cache layout differs with the batch, behind the
 same four methods (prefill, keep_rows, verify, commit):
 
 - :class:`_OneRowCache`, the fast path of one unpadded prompt: the cache holds exactly the
@@ -46,6 +48,7 @@ top-k/p, EOS and length criteria), that is also each row's plain single-prompt `
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -53,7 +56,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import compat, timing
 from .cache import crop_to, gather_positions, keep_accepted, select_rows
-from .drafters.session import DraftingSession, TargetOnlySession, check_ngram_branches
+from .controller import SpeedController
+from .drafters.session import DraftingSession, check_ngram_branches
 from .stats import BatchGenerationStats, GenerationStats
 from .tree.tree import DraftTree
 from .verify import WalkResult, greedy_plan, greedy_result, verify_tree
@@ -87,6 +91,57 @@ def new_session(drafter, model, shape, do_sample: bool, temperature: float, prom
         if session.supports_router:
             session.use_router = bool(use_router)
     return session
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One way to run a cycle, an arm of the speed controller (:mod:`hf_spec.controller`): ``shape`` None drafts
+    nothing (plain: the tree is its root, one target step); else the drafter's tree shape and n-gram budget
+    (``ngram_branches``; None: the drafter's config)."""
+
+    label: str
+    shape: object | None = None
+    ngram_branches: int | None = None
+
+
+PLAIN = Arm("plain")
+"""Arm 0 of every controlled call: no draft."""
+
+
+class RowDrafting:
+    """One row's drafting across arms: a drafting session per drafted arm, made on the arm's first cycle, each
+    fed the committed (features, tokens) pairs it has not read yet, from one history of them per row. So the
+    arm may change at any cycle: an arm that did not run reads what it missed (prompt included) on its next
+    cycle, and its session's state is exactly as if it had run all along, minus the trees it did not draft."""
+
+    def __init__(self, make_session, drafted_arms: int):
+        self._make_session = make_session
+        self._drafted_arms = drafted_arms
+        self._history: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._sessions: dict[int, tuple[DraftingSession, int]] = {}  # arm index -> (session, history read)
+
+    def propose(self, index: int, arm: Arm, features: torch.Tensor, tokens: torch.Tensor) -> DraftTree:
+        """Commit the pairs and draft the tree of arm ``index`` rooted at ``tokens[-1]``."""
+        self._history.append((features, tokens))
+        if arm.shape is None:
+            return DraftTree.chain(tokens[-1], tokens.new_empty(0))
+        session, read = self._sessions.get(index) or (self._make_session(arm), 0)
+        unread = self._history[read:]
+        self._sessions[index] = (session, len(self._history))
+        if len(unread) > 1:
+            features = torch.cat([f for f, _ in unread])
+            tokens = torch.cat([t for _, t in unread])
+        if len(self._sessions) == self._drafted_arms:  # every arm has a session: drop what all of them read
+            low = min(r for _, r in self._sessions.values())
+            if low:
+                self._history = self._history[low:]
+                self._sessions = {i: (s, r - low) for i, (s, r) in self._sessions.items()}
+        return session.propose(features, tokens)
+
+    def record(self, stats) -> None:
+        """Every session's counters into the row's stats."""
+        for session, _ in self._sessions.values():
+            session.record(stats)
 
 
 def target_layers(base_model, layer_ids) -> list:
@@ -129,7 +184,7 @@ class _Target:
     def __init__(self, model, feature_layers=None):
         self.base = model.base_model
         self.lm_head = model.get_output_embeddings()
-        self.sliding_window = target_sliding_window(model.config)
+        self.sliding_window = compat.target_sliding_window(model.config)
         self.device = model.device
         self.seconds = 0.0
         self.feature_layers = tuple(feature_layers) if feature_layers else None
@@ -161,23 +216,6 @@ class _Target:
         logits = self.lm_head(features).float()
         self.seconds += timing.clock(self.device) - start
         return logits
-
-
-def target_sliding_window(config) -> int | None:
-    """The target's attention window if all its layers use one, None if none do."""
-    config = config.get_text_config()
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
-        return None
-    if layer_types is not None and any(t != "sliding_attention" for t in layer_types):
-        raise ValueError(
-            "Targets that mix sliding-window and full-attention layers are not supported by tree verification yet. "
-            "Fix: use plain generate() or transformers' assisted decoding for this model."
-        )
-    if getattr(config, "model_type", None) == "qwen2" and not getattr(config, "use_sliding_window", False):
-        return None
-    return int(window)
 
 
 def stop_flags(sequence: torch.Tensor, start: int, stopping_criteria) -> torch.Tensor:
@@ -373,7 +411,7 @@ class _Row:
     """Decoding state of one row (the whole call for one prompt)."""
 
     index: int  # row in the input batch
-    session: DraftingSession  # the row's drafting session
+    drafting: RowDrafting  # the row's drafting sessions, one per drafted arm
     sequence: torch.Tensor  # (1, P + n): (padded) prompt + generated tokens
     pending_features: torch.Tensor  # what the next propose() commits: features of the accepted positions…
     pending_tokens: torch.Tensor  # …and the token after each (the last is the next root)
@@ -467,16 +505,19 @@ class _Call:
         return [greedy_result(host, len(tree), None, plan) for host, tree, plan in zip(packed.tolist(), trees, plans)]
 
 
-def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, *, drafter, shape,
-           do_sample: bool, temperature: float, attention_mask=None, streamer=None, use_router: bool | None = None,
-           ngram_branches: int | None = None, target_only: bool = False):  # fmt: skip
+def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, *, drafter, arms: list[Arm],
+           controller: SpeedController | None, do_sample: bool, temperature: float, attention_mask=None,
+           streamer=None, use_router: bool | None = None):  # fmt: skip
     """Tree speculative decoding of ``input_ids`` (one prompt, or a left-padded batch); returns
     what ``generate()`` would.
 
     Called by :func:`hf_spec.generation.speculative_decode` after its checks, with the drafter
-    bound and the tree shape validated. ``target_only``: draft nothing (every tree is its root,
-    :class:`~hf_spec.drafters.session.TargetOnlySession`), one target step per cycle.
+    bound and the arms' shapes validated. ``controller`` (:class:`~hf_spec.controller.SpeedController` over
+    ``arms``) chooses each cycle's arm from the measured wall time per committed token; None: ``arms`` is one
+    arm, used for every cycle.
     """
+    if controller is None and len(arms) != 1:
+        raise ValueError("Several arms need a speed controller to choose among them.")
     device = model.device
     input_ids = input_ids.to(device)
     batch, prompt_length = input_ids.shape
@@ -500,7 +541,8 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     stats = GenerationStats() if one_row else BatchGenerationStats()
     drafter.last_generation_stats = stats
     loop_start = timing.clock(device)
-    target = _Target(model, None if target_only else drafter.target_feature_layers())  # no drafter reads features
+    drafted_arms = sum(arm.shape is not None for arm in arms)
+    target = _Target(model, drafter.target_feature_layers() if drafted_arms else None)  # no drafter reads features
     layout = _OneRowCache() if one_row else _PaddedCache(input_ids, attention_mask)
     features = layout.prefill(target, input_ids)
     last_logits = target.logits(features[:, -1])
@@ -508,10 +550,12 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     for r in range(batch):
         start = layout.prompt_start(r)
         row_prompt = input_ids[r : r + 1, start:]
-        session = (TargetOnlySession() if target_only else
-                   new_session(drafter, model, shape, do_sample, temperature, row_prompt, use_router, ngram_branches))
+        def make_session(arm: Arm, row_prompt=row_prompt) -> DraftingSession:
+            return new_session(drafter, model, arm.shape, do_sample, temperature, row_prompt, use_router,
+                               arm.ngram_branches)  # fmt: skip
+
         first, scores = call.first_token(r, input_ids[r : r + 1], last_logits[r])
-        rows.append(_Row(index=r, session=session, sequence=input_ids[r : r + 1],
+        rows.append(_Row(index=r, drafting=RowDrafting(make_session, drafted_arms), sequence=input_ids[r : r + 1],
                          pending_features=target.drafter_features[r, start:],
                          pending_tokens=torch.cat([row_prompt[0, 1:], first]), emitted=first,
                          stats=stats if one_row else GenerationStats(),
@@ -519,10 +563,15 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     if not one_row:
         stats.rows = [row.stats for row in rows]
     active = list(rows)
+    if controller is not None:
+        controller.start_call()
+    arm_index, cycle_start, committed = 0, None, 0
 
     while True:
         # Emit: the last cycle's tokens join each row's sequence; stop checks.
         call.emit(active)
+        if controller is not None and cycle_start is not None:  # the cycle's wall time, emit included
+            controller.record(arm_index, time.perf_counter() - cycle_start, committed)
         everyone_stopped = all(row.stop_length is not None for row in rows)
         horizon = max(row.stop_length for row in rows) if everyone_stopped else None
 
@@ -539,8 +588,13 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
         active = [active[i] for i in keep]
         layout.keep_rows(keep)
 
-        # Propose: one draft tree per row.
-        trees = [row.session.propose(row.pending_features, row.pending_tokens) for row in active]
+        # Propose: the controller's arm for this cycle, one draft tree per row.
+        cycle_start = time.perf_counter()
+        if controller is not None:
+            arm_index = controller.choose()
+            stats.arm_per_cycle.append(arm_index)
+        arm = arms[arm_index]
+        trees = [row.drafting.propose(arm_index, arm, row.pending_features, row.pending_tokens) for row in active]
 
         # Verify: one target forward and one LM-head matmul for all rows, then each row's walk.
         row_logits = layout.verify(target, trees)
@@ -557,12 +611,13 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
             row.pending_tokens = row.emitted = walk.token_tensor(device)
             row.emitted_host, row.scores, row.logits = walk.tokens, walk.scores, walk.logits
         layout.commit(accepted, walks)
+        committed = sum(len(walk.tokens) for walk in walks)
 
     # Output: each row's tokens up to the batch's horizon (finished rows padded when an EOS criterion exists).
     horizon = max(row.stop_length if row.stop_length is not None else row.generated(prompt_length) for row in rows)
     for row in rows:
         row.stats.new_tokens = row.stop_length if has_eos and row.stop_length is not None else horizon
-        row.session.record(row.stats)
+        row.drafting.record(row.stats)
         if row.stats is not stats:
             stats.add_row(row.stats)
     sequences = layout.sequences(rows, prompt_length, horizon, pad_token)
@@ -570,6 +625,8 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
         streamer.end()
     stats.target_forward_seconds = target.seconds
     stats.total_seconds = timing.clock(device) - loop_start
+    if controller is not None:
+        stats.controller = controller.summary()
     if gc.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(
             sequences=sequences,

@@ -54,16 +54,16 @@ def run_demo(prompts=DEMO_PROMPTS, max_new_tokens: int = 128, dtype: str = "auto
     alike; the speedup is total tokens per second over all prompts, speculative over plain. ``dtype``
     "auto" is bfloat16 on a CPU that computes it natively, else float32 (:mod:`hf_spec.hardware`).
     """
-    import hf_spec
-    from hf_spec.hardware import dtype_name, resolve_dtype
-    from hf_spec.resources import load_packaged_model
+    from .drafters.eagle import EagleDrafter
+    from .hardware import dtype_name, resolve_dtype
+    from .resources import load_packaged_model
 
     dtype = dtype_name(resolve_dtype(dtype))
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     model, tokenizer = load_packaged_model(DEFAULT_TARGET, dtype=getattr(torch, dtype))
     drafter_path = shipped_drafter_path(DEFAULT_TARGET)
     if drafter_path is not None:
-        drafter = hf_spec.EagleDrafter.from_pretrained(drafter_path)
+        drafter = EagleDrafter.from_pretrained(drafter_path)
         method = f"hf-spec drafter {drafter_path.name}"
         spec_kwargs = dict(assistant_model=drafter)
     else:
@@ -77,14 +77,9 @@ def run_demo(prompts=DEMO_PROMPTS, max_new_tokens: int = 128, dtype: str = "auto
     for index, prompt in enumerate(prompts):
         input_ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                                   return_tensors="pt", return_dict=True)["input_ids"]  # fmt: skip
-        if index == 0:  # warm-up of both paths, untimed (the drafter's first call times this machine once)
+        if index == 0:  # warm-up of both paths, untimed
             model.generate(input_ids, max_new_tokens=8, do_sample=False)
             model.generate(input_ids, max_new_tokens=8, do_sample=False, **spec_kwargs)
-            choice = drafter.last_generation_stats.shape_choice if drafter is not None else None
-            if choice is not None:
-                result_shape = {k: choice[k] for k in ("tree_depth", "tree_top_k", "tree_total_tokens", "ngram_branches")}
-                print(f"Tree shape for this machine: {result_shape} (chosen among the drafter's candidates from "
-                      f"this machine's timings; held-aside tau {choice['tau']:.2f})\n")  # fmt: skip
         plain, plain_s = _best_of(lambda: model.generate(input_ids, **common), repeats)
         spec, spec_s = _best_of(lambda: model.generate(input_ids, **common, **spec_kwargs), repeats)
         n_plain, n_spec = plain.shape[1] - input_ids.shape[1], spec.shape[1] - input_ids.shape[1]
@@ -103,6 +98,10 @@ def run_demo(prompts=DEMO_PROMPTS, max_new_tokens: int = 128, dtype: str = "auto
               + f", plain {row['plain_tokens_per_s']:.1f} tok/s, speculative {row['speculative_tokens_per_s']:.1f}"
               f" tok/s -> {row['speedup']:.2f}x\n")  # fmt: skip
 
+    if drafter is not None and drafter.last_generation_stats.controller is not None:
+        report = drafter.last_generation_stats.controller
+        print(f"Speed controller: using {report['current']!r} after {report['cycles']} timed cycles on this "
+              f"machine ({len(report['arms'])} choices: plain steps and the drafter's tree shapes)\n")  # fmt: skip
     plain_rate, spec_rate = tokens["plain"] / seconds["plain"], tokens["spec"] / seconds["spec"]
     result = {"target": DEFAULT_TARGET, "method": method, "dtype": dtype, "prompts": rows,
               "identical": all(r["identical"] for r in rows), "plain_tokens_per_s": plain_rate,

@@ -19,14 +19,20 @@ import torch
 from transformers import GenerationMixin
 
 from . import compat
-from .decoding import check_batch_supported, decode, is_batched
+from .controller import SpeedController, controller_for
+from .decoding import PLAIN, Arm, check_batch_supported, decode, is_batched
 from .drafters.base import SpecDrafterModel
 from .hardware import warn_if_emulated_bf16
-from .shape_select import CANDIDATE_OPTIONS
-from .tune import select_shape
+from .shape_select import candidate_options, check_candidates
 from .stats import GenerationStats
 
 __all__ = ["GenerationStats", "check_supported", "install", "is_installed", "speculative_decode", "uninstall"]
+
+SPEED_CONTROL_BY_DEFAULT = True
+"""What ``generate(..., speed_controller=None)`` means: the online controller chooses each cycle's arm (True), or
+the configured shape drafts every cycle (False). The test suite sets it False so that the timings of its tiny
+models cannot change what a test exercises; the controller's own tests pass ``speed_controller`` explicitly."""
+
 
 def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
     """Raise ValueError for anything the tree path cannot do losslessly, before generating."""
@@ -76,55 +82,88 @@ def speculative_decode(
     tree_min_prob: float | None = None,
     use_router: bool | None = None,
     ngram_branches: int | None = None,
+    speed_controller: SpeedController | bool | None = None,
     **model_kwargs,
 ):
     """Tree speculative decoding of ``model`` with ``drafter``.
 
     Called by transformers' ``generate`` (``custom_generate``) with the prepared processors,
     stopping criteria and generation config. Returns what ``generate`` would. After the checks
-    it binds the drafter if needed, resolves the tree shape (a call that sets none of the shape
-    options gets the drafter's fastest shape candidate on this machine, :mod:`hf_spec.shape_select`,
-    when its config has candidates; when even that one is predicted slower than a plain step, the
-    call drafts nothing and runs one target step per cycle, exact and as fast as plain), and runs
+    it binds the drafter if needed, sets up the arms and the speed controller (:func:`call_arms`) and runs
     :func:`hf_spec.decoding.decode` (one prompt or a left-padded batch).
+
+    ``speed_controller``: True (the default, :data:`SPEED_CONTROL_BY_DEFAULT`) lets the process's online
+    controller choose each cycle's arm (plain, or one of the drafter's shapes) unless the call fixes the shape;
+    False drafts every cycle with the configured shape; a :class:`~hf_spec.controller.SpeedController` over
+    this call's arms is used as it is.
     """
     check_supported(model, input_ids, generation_config, model_kwargs)
     warn_if_emulated_bf16(model)
     if not drafter.is_bound_to(model):
         drafter.bind(model)
-    with compat.masked_sdpa_gqa(model.device):  # tree masks without copying the cache's key/value heads (CPU)
-        return _speculative_decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                                   drafter=drafter, streamer=streamer, use_router=use_router,
-                                   options=dict(tree_depth=tree_depth, tree_top_k=tree_top_k,
-                                                tree_total_tokens=tree_total_tokens, tree_min_prob=tree_min_prob,
-                                                ngram_branches=ngram_branches),
-                                   **model_kwargs)  # fmt: skip
-
-
-def _speculative_decode(model, input_ids, logits_processor, stopping_criteria, generation_config, *, drafter,
-                        streamer, use_router, options: dict, **model_kwargs):  # fmt: skip
-    """:func:`speculative_decode` after its checks: the shape (``options``, else a candidate) and the loop."""
     do_sample = bool(generation_config.do_sample)
-    choice = None
-    if all(v is None for v in options.values()):
-        choice = select_shape(model, drafter)  # the drafter's shape candidates, timed on this machine
-        if choice is not None:
-            options = {name: choice.options.get(name) for name in CANDIDATE_OPTIONS}
-    shape = drafter.tree_shape(options["tree_depth"], options["tree_top_k"], options["tree_total_tokens"])
-    shape = with_min_prob(drafter, shape, options["tree_min_prob"])
-    shape.validate(do_sample)
+    options = dict(tree_depth=tree_depth, tree_top_k=tree_top_k, tree_total_tokens=tree_total_tokens,
+                   tree_min_prob=tree_min_prob, ngram_branches=ngram_branches)  # fmt: skip
+    if speed_controller is None:
+        speed_controller = SPEED_CONTROL_BY_DEFAULT
+    arms, start = call_arms(drafter, options, do_sample, controlled=speed_controller is not False)
+    controller = None
+    if isinstance(speed_controller, SpeedController):
+        if speed_controller.labels != [arm.label for arm in arms]:
+            raise ValueError(f"speed_controller has arms {speed_controller.labels}, this call {[a.label for a in arms]}. "
+                             "Fix: build it with SpeedController([arm labels]) for this drafter and options.")  # fmt: skip
+        controller = speed_controller
+    elif speed_controller not in (True, False):
+        raise ValueError(f"speed_controller must be None, True, False or a SpeedController, got {speed_controller!r}.")
+    elif len(arms) > 1:
+        key = (id(model), str(model.device), str(model.dtype), torch.get_num_threads(), input_ids.shape[0] > 1, do_sample)
+        controller = controller_for(drafter, key, [arm.label for arm in arms], start)
     temperature = float(generation_config.temperature or 1.0) if do_sample else 1.0
     _check_streamer(streamer, input_ids)
-    output = decode(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter=drafter,
-                    shape=shape, do_sample=do_sample, temperature=temperature,
-                    attention_mask=model_kwargs.get("attention_mask"), streamer=streamer, use_router=use_router,
-                    ngram_branches=options["ngram_branches"], target_only=choice is not None and choice.plain_is_faster)  # fmt: skip
-    if choice is not None:
-        drafter.last_generation_stats.shape_choice = {**choice.candidate,
-                                                      "predicted_ms_per_token": choice.predicted_ms_per_token,
-                                                      "plain_ms_per_token": choice.plain_ms_per_token,
-                                                      "drafted": not choice.plain_is_faster}  # fmt: skip
-    return output
+    with compat.masked_sdpa_gqa(model.device):  # tree masks without copying the cache's key/value heads (CPU)
+        return decode(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter=drafter,
+                      arms=arms, controller=controller, do_sample=do_sample, temperature=temperature,
+                      attention_mask=model_kwargs.get("attention_mask"), streamer=streamer,
+                      use_router=use_router)  # fmt: skip
+
+
+def call_arms(drafter: SpecDrafterModel, options: dict, do_sample: bool, controlled: bool = True) -> tuple[list[Arm], int]:
+    """The arms of one call and the one to start from.
+
+    A call that sets any shape option (``options``: ``tree_depth``, ``tree_top_k``, ``tree_total_tokens``,
+    ``tree_min_prob``, ``ngram_branches``), or runs uncontrolled, has one arm: that shape (no controller).
+    Else arm 0 is plain (no draft), then the drafter's ``tree_shape_candidates`` ordered by the nodes they
+    verify (unless ``auto_tree_shape`` is false; candidates this call's mode cannot use, such as pruned trees
+    when sampling, are left out), or its configured shape when it has none; the start is the candidate with the
+    configured shape, else the cheapest drafted arm."""
+    def arm(label: str, opts: dict) -> Arm:
+        shape = drafter.tree_shape(opts.get("tree_depth"), opts.get("tree_top_k"), opts.get("tree_total_tokens"))
+        shape = with_min_prob(drafter, shape, opts.get("tree_min_prob"))
+        shape.validate(do_sample)
+        return Arm(label, shape, opts.get("ngram_branches"))
+
+    if not controlled or any(v is not None for v in options.values()):
+        return [arm("fixed", options)], 0
+    config = drafter.config
+    candidates = check_candidates(getattr(config, "tree_shape_candidates", None))
+    if getattr(config, "auto_tree_shape", None) is False or not candidates:
+        return [PLAIN, arm("configured", {})], 1
+    arms, start, seen = [PLAIN], None, set()
+    configured = {name: getattr(config, name, None) for name in ("tree_depth", "tree_top_k", "tree_total_tokens",
+                                                                 "ngram_branches")}  # fmt: skip
+    for candidate in sorted(candidates, key=lambda c: c["verified_nodes"]):
+        opts = candidate_options(candidate)
+        label = " ".join(f"{k.removeprefix('tree_')}={v}" for k, v in sorted(opts.items())) or "configured"
+        if label in seen:
+            continue
+        seen.add(label)
+        try:
+            arms.append(arm(label, opts))
+        except ValueError:  # e.g. a pruned tree a greedy ladder may use but sampling may not: not an arm here
+            continue
+        if start is None and all(opts.get(k, v) == v for k, v in configured.items()):
+            start = len(arms) - 1
+    return arms, start or 1
 
 
 def with_min_prob(drafter: SpecDrafterModel, shape, min_prob: float | None):

@@ -97,6 +97,33 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+
+def machine_info(dtype: torch.dtype, device=None) -> dict:
+    """CPU model, core count, library versions, dtype and the device (its GPU's name on CUDA), for results files
+    and for the key of a cached timing (:mod:`hf_spec.verify_cost`)."""
+    import transformers
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.cuda.is_available(),
+        "load_average_1_5_15min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "dtype": dtype_name(dtype),
+        "device": str(device or "cpu"),
+        **({"gpu": torch.cuda.get_device_name(device)} if device is not None and torch.device(device).type == "cuda" else {}),
+    }
+
 _warned = False
 
 

@@ -36,8 +36,8 @@ class GenerationStats:
     cycle, whatever the number of rows). Seconds: ``target_forward_seconds`` (prefill +
     verification forwards), ``drafter_forward_seconds`` (drafter forwards), ``total_seconds``
     (the whole loop). ``drafter_skipped_cycles``: cycles whose tree held n-gram nodes only and ran no drafter
-    forward (copy cycles and match cycles). ``early_exits``: the early-exit drafter's own counters (None for the
-    other families), filled by its drafting session.
+    forward (the cost gate chose the n-gram trie alone). ``early_exits``: the early-exit drafter's own counters
+    (None for the other families), filled by its drafting sessions.
     """
 
     accepted_lengths: list[int] = field(default_factory=list)
@@ -50,9 +50,14 @@ class GenerationStats:
     drafter_skipped_cycles: int = 0
     total_seconds: float = 0.0
     early_exits: EarlyExitStats | None = None
-    shape_choice: dict | None = None
-    """The shape candidate :mod:`hf_spec.shape_select` chose for this call (its options, τ and
-    verified nodes on held-aside prompts, predicted ms per token here); None: configured or per-call shape."""
+    arm_per_cycle: list[int] = field(default_factory=list)
+    """The speed controller's arm of each cycle (an index into ``controller["arms"]``; arm 0 drafts nothing);
+    empty when the call fixed its shape (no controller)."""
+    controller: dict | None = None
+    """What the speed controller (:mod:`hf_spec.controller`) knew after this call: ``arms`` (labels, ``plain``
+    first), ``current`` (the arm it exploits), ``ms_per_token`` (measured wall milliseconds per committed token
+    per arm, recent cycles weighing most; None: not measured lately), ``cycles``, ``probes`` and ``moves`` (over
+    the process's calls with this drafter, target and settings). None: no controller ran."""
 
     @property
     def cycles(self) -> int:

@@ -18,3 +18,10 @@ def clock(device=None) -> float:
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def timed(fn, device=None):
+    """``(fn(), milliseconds it took)``, read with :func:`clock` (so a CUDA device's queue is waited for)."""
+    start = clock(device)
+    out = fn()
+    return out, 1000.0 * (clock(device) - start)

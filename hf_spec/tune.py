@@ -9,7 +9,8 @@ What is measured:
 
 1. Verification cost ``t(n)``: one target forward of ``n`` tree tokens (tree mask, tree
    positions) on a cached ~256-token prefix followed by the target LM head over all ``n`` rows
-   (verification computes every node's logits in one matmul), median of repeats, for a grid of ``n``.
+   (verification computes every node's logits in one matmul), median of repeats, for a grid of ``n``
+   (:func:`hf_spec.verify_cost.measure_verify_cost`).
 2. Acceptance, exactly, for every candidate shape at once. Greedy decoding is lossless, so the
    target's tokens do not depend on the shape: one plain greedy generation per prompt gives them,
    and one target forward their features. A drafting session of the largest depth per ``top_k``
@@ -31,56 +32,38 @@ dtype matters too (bf16 verification is nearly flat in ``n`` on AVX512-bf16 CPUs
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
-import logging
 import math
 import os
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from .shape_select import (
-    CACHE_FORMAT,
-    CANDIDATE_OPTIONS,
-    CostProfile,
-    ShapeChoice,
-    candidate_options,
-    check_candidates,
-    choose_candidate,
-    interpolate_cost,
-    non_decreasing,
-    predict_ms_per_token,
-)
+from .hardware import machine_info
+from .shape_select import CANDIDATE_OPTIONS, check_candidates, interpolate_cost
+from .timing import timed
 from .tree.dynamic import TreeShape
+from .verify_cost import measure_verify_cost
 
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "TuneGrid",
     "QUICK_GRID",
     "candidate_shapes",
-    "interpolate_cost",
     "draft_cost_ms",
     "path_ranks",
     "AcceptanceData",
     "replay_cycles",
     "predict",
-    "measure_verify_cost",
     "measure_acceptance",
     "measure_generation",
     "tune",
     "format_table",
     "write_tree_shape",
     "measure_candidates",
-    "measure_costs",
-    "cost_profile",
-    "verify_cost_curve",
-    "select_shape",
     "write_shape_candidates",
 ]
 
@@ -186,61 +169,6 @@ def shape_key(shape: TreeShape) -> str:
 
 
 # -- measurements (need models) ------------------------------------------------------------------
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn, device):
-    _sync(device)
-    start = time.perf_counter()
-    out = fn()
-    _sync(device)
-    return out, 1000.0 * (time.perf_counter() - start)
-
-
-@torch.inference_mode()
-def measure_verify_cost(model, sizes: Sequence[int], prefix_length: int = 256, repeats: int = 7, seed: int = 0):
-    """``{n: median ms of one target forward of n tree tokens on a cached prefix + the LM head over the n rows}``."""
-    from . import compat
-
-    with compat.masked_sdpa_gqa(model.device):  # as hf-spec's decoding verifies
-        return _measure_verify_cost(model, sizes, prefix_length, repeats, seed)
-
-
-def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeats: int, seed: int):
-    from . import compat
-    from .cache import crop_to
-    from .decoding import target_sliding_window
-    from .tree.tree import DraftTree
-
-    device = model.device
-    vocab = model.config.get_text_config().vocab_size
-    g = torch.Generator().manual_seed(seed)
-    prefix = torch.randint(0, vocab, (1, prefix_length), generator=g).to(device)
-    cache = compat.full_dynamic_cache()
-    base = model.base_model
-    base(input_ids=prefix, past_key_values=cache, use_cache=True)
-    window = target_sliding_window(model.config)
-    trees = {n: DraftTree.chain(1, torch.randint(0, vocab, (n - 1,), generator=g).to(device)) for n in sizes}
-    samples: dict[int, list[float]] = {n: [] for n in sizes}
-    head = model.get_output_embeddings()
-    for r in range(repeats + 1):  # round 0 warms up
-        for n in sizes:
-            tree = trees[n]
-
-            def verify():
-                out = base(input_ids=tree.tokens.view(1, -1), attention_mask=tree.attention_mask(prefix_length, model.dtype, window),
-                           position_ids=tree.position_ids(prefix_length), past_key_values=cache, use_cache=True)  # fmt: skip
-                return head(out.last_hidden_state[0]).float()
-
-            _, ms = _timed(verify, device)
-            crop_to(cache, prefix_length)
-            if r:
-                samples[n].append(ms)
-    return {n: statistics.median(v) for n, v in samples.items()}
-
-
 @dataclass
 class AcceptanceData:
     """Per top_k and prompt: the correct path's ranks at every root position (see :func:`path_ranks`)."""
@@ -307,7 +235,7 @@ def measure_acceptance(model, drafter, prompts: Sequence[torch.Tensor], max_new_
 
         shallow = _dynamic_session(drafter, model, TreeShape(1, max(top_ks), max(top_ks)), prompt)
         for root in roots:
-            tree, ms = _timed(lambda: shallow.propose(*commits(root)), device)
+            tree, ms = timed(lambda: shallow.propose(*commits(root)), device)
             if root > length:
                 data.depth1_ms.append(ms)
         for k in top_ks:
@@ -316,7 +244,7 @@ def measure_acceptance(model, drafter, prompts: Sequence[torch.Tensor], max_new_
             session = _dynamic_session(drafter, model, full, prompt)
             table = {}
             for root in roots:
-                tree, ms = _timed(lambda: session.propose(*commits(root)), device)
+                tree, ms = timed(lambda: session.propose(*commits(root)), device)
                 if root > length:
                     data.deepest_ms[k].append(ms)
                 table[root] = path_ranks(tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist(),
@@ -334,7 +262,7 @@ def measure_generation(model, drafter, prompts: Sequence[torch.Tensor], shape: T
     seconds, tokens, lengths = 0.0, 0, []
     for prompt in prompts:
         prompt = prompt.to(device)
-        out, ms = _timed(lambda: model.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter,
+        out, ms = timed(lambda: model.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter,
                                                 max_new_tokens=max_new_tokens, do_sample=False, tree_depth=shape.depth,
                                                 tree_top_k=shape.top_k, tree_total_tokens=shape.total_tokens), device)  # fmt: skip
         seconds += ms / 1000.0
@@ -441,7 +369,7 @@ def write_tree_shape(drafter_dir, shape: TreeShape, tuned_for: dict) -> Path:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} not found. Fix: pass --drafter a local directory saved with save_pretrained.")
-    # a tuned shape is this machine's choice: run-time candidate selection (hf_spec.shape_select) is switched off
+    # a tuned shape is this machine's choice: the online controller's choice among shape candidates is switched off
     values = {"tree_depth": shape.depth, "tree_top_k": shape.top_k, "tree_total_tokens": shape.total_tokens,
               "auto_tree_shape": False}
     for path, extra in ((config_path, {"tree_tuned_for": tuned_for}), (directory / "generation_config.json", {})):
@@ -453,8 +381,6 @@ def write_tree_shape(drafter_dir, shape: TreeShape, tuned_for: dict) -> Path:
 
 
 def machine_description(device: torch.device, dtype: torch.dtype) -> dict:
-    from .bench.harness import machine_info
-
     info = machine_info(dtype)
     info["device"] = str(device)
     if device.type == "cuda":
@@ -471,16 +397,7 @@ def default_output(drafter_path: str) -> str:
     return os.path.join("results", f"tune-{Path(drafter_path).name}-{stamp}.json")
 
 
-# -- shape candidates, chosen at run time (hf_spec.shape_select) -----------------------------------
-VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 64)
-"""Tree sizes whose verification cost a run-time cost profile measures."""
-CALIBRATION_TOKENS = 16
-"""New tokens of each candidate's calibration generation."""
-_profiles: dict = {}
-"""Cost profiles measured or read in this process, by key."""
-_calibrating = False
-
-
+# -- shape candidates (hf_spec.shape_select): the rungs the online controller chooses among ------
 @torch.inference_mode()
 def measure_candidates(model, drafter, prompts: Sequence[torch.Tensor], candidates: Sequence[dict],
                        max_new_tokens: int = 128, progress: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
@@ -488,8 +405,8 @@ def measure_candidates(model, drafter, prompts: Sequence[torch.Tensor], candidat
     from real greedy generations of ``prompts``, candidates interleaved per prompt.
 
     Neither number depends on the machine (greedy decoding emits the target's tokens whatever the
-    tree; in bf16 near-ties can round differently, a ±0.05 noise on τ): they are what
-    :func:`hf_spec.shape_select.choose_candidate` combines with a machine's measured costs."""
+    tree; in bf16 near-ties can round differently, a ±0.05 noise on τ): they are the priors the online
+    controller (:mod:`hf_spec.controller`) starts from before it measures each candidate on this machine."""
     if not drafter.is_bound_to(model):
         drafter.bind(model)
     for candidate in candidates:
@@ -518,187 +435,9 @@ def measure_candidates(model, drafter, prompts: Sequence[torch.Tensor], candidat
     return rows
 
 
-def _machine_and_target(model) -> dict:
-    """What a timing of ``model`` depends on: machine, software, threads, device, dtype and the target's
-    architecture (never the load average or the date)."""
-    from .bench.harness import machine_info
-
-    device = model.device
-    info = machine_info(model.dtype)
-    stable = {k: info.get(k) for k in ("cpu", "cores", "platform", "python", "torch", "transformers", "dtype")}
-    stable["cpu_flags"] = _cpu_flags_digest()  # two CPUs can share a model name ("Intel(R) Xeon(R) Processor"), not AMX
-    stable["mkl_cbwr"] = os.environ.get("MKL_CBWR")  # MKL's code path changes float32 costs (hf_spec.hardware)
-    if device.type == "cuda":
-        stable["gpu"] = torch.cuda.get_device_name(device)
-    target = model.config.get_text_config().to_dict()
-    target = {k: target.get(k) for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                         "num_attention_heads", "num_key_value_heads", "vocab_size")}  # fmt: skip
-    return {"machine": stable, "threads": torch.get_num_threads(), "device": str(device), "target": target}
-
-
-def _profile_key(model, drafter, candidates: list[dict]) -> str:
-    """What a cost profile depends on: :func:`_machine_and_target`, the drafter's architecture and the
-    candidates' options."""
-    draft = {k: getattr(drafter.config, k, None) for k in ("model_type", "num_layers", "draft_vocab_size",
-                                                           "router_num_groups", "tree_widths")}  # fmt: skip
-    payload = {**_machine_and_target(model), "drafter": draft, "candidates": [candidate_options(c) for c in candidates]}
-    return json.dumps(payload, sort_keys=True, default=str)
-
-
-def _cpu_flags_digest() -> str | None:
-    """A digest of the CPU's feature flags (/proc/cpuinfo), None where they cannot be read."""
-    from .hardware import cpu_flags
-
-    flags = cpu_flags()
-    return hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16] if flags else None
-
-
-def _cache_path(folder: str, key: str) -> Path:
-    from .resources import cache_dir
-
-    return cache_dir() / folder / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
-
-
-def _read_cached(path: Path, key: str) -> dict | None:
-    """The JSON cached at ``path`` if it is of :data:`CACHE_FORMAT` and for ``key``, else None."""
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("format") == CACHE_FORMAT and data.get("key") == key else None
-
-
-def _write_cached(path: Path, data: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1) + "\n")
-    except OSError as error:  # a read-only cache only costs a re-measurement in the next process
-        logger.warning("hf-spec: could not cache a cost measurement in %s (%s)", path, error)
-
-
-@torch.inference_mode()
-def measure_costs(model, drafter, candidates: list[dict], key: str = "") -> CostProfile:
-    """Time this machine for :func:`select_shape`: the target's verification forward of
-    :data:`VERIFY_SIZES` tree tokens, and for each distinct drafter tree among the candidates a
-    short greedy generation (n-gram branches and ``tree_min_prob`` off: a random prompt has nothing
-    to match and grafting costs no drafter forward; the floor is timed at full depth) whose time per
-    cycle outside the target's forwards (drafting + loop) is read from its stats, after one warm-up
-    generation."""
-    # 7 interleaved rounds (median) on a prefix of a typical mid-answer length; the curve made non-decreasing.
-    # With 3 rounds on 128 tokens a noisy dip (e.g. t(8) <= t(4)) once picked a 17-node tree over an 8-node one.
-    verify_ms = non_decreasing(measure_verify_cost(model, VERIFY_SIZES, prefix_length=256, repeats=7))
-    vocab = model.config.get_text_config().vocab_size
-    prompt = torch.randint(0, vocab, (1, 64), generator=torch.Generator().manual_seed(0)).to(model.device)
-    kept_stats = getattr(drafter, "last_generation_stats", None)
-    grafts = bool(getattr(drafter.config, "ngram_branches", 0)) or any(c.get("ngram_branches") for c in candidates)
-
-    def outside_ms_per_cycle(options: dict) -> float:
-        options = {**options, **({"ngram_branches": 0} if grafts else {})}
-        model.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter, do_sample=False,
-                       max_new_tokens=CALIBRATION_TOKENS, min_new_tokens=CALIBRATION_TOKENS, **options)  # fmt: skip
-        stats = drafter.last_generation_stats
-        return 1000.0 * max(stats.total_seconds - stats.target_forward_seconds, 0.0) / max(stats.cycles, 1)
-
-    # A floored tree (tree_min_prob) is timed at full depth, the upper bound of its drafting: on a random prompt
-    # the drafter is unsure and the floor would stop it at depth 1, far below its cost on real text.
-    trees = [{k: v for k, v in candidate_options(c).items() if k not in ("ngram_branches", "tree_min_prob")}
-             for c in candidates]  # fmt: skip
-    outside_ms_per_cycle(trees[0])  # warm-up
-    measured: dict[str, float] = {}
-    for tree in trees:
-        tree_key = json.dumps(tree, sort_keys=True)
-        if tree_key not in measured:
-            measured[tree_key] = outside_ms_per_cycle(tree)
-    drafter.last_generation_stats = kept_stats
-    cycle_ms = [measured[json.dumps(tree, sort_keys=True)] for tree in trees]
-    return CostProfile(verify_ms=verify_ms, cycle_ms=cycle_ms, key=key)
-
-
-def _measured_once(folder: str, key: str, memory: dict, parse, measure, to_json, message: str, *args):
-    """A measurement of this machine: from ``memory`` (this process), else ``$HF_SPEC_CACHE/<folder>/`` (parsed with
-    ``parse``; unreadable or of another format or key: measured again), else ``measure()``d, logged with
-    ``message % (*args, cache folder)`` and cached (``to_json``)."""
-    if key in memory:
-        return memory[key]
-    path = _cache_path(folder, key)
-    data = _read_cached(path, key)
-    value = None
-    if data is not None:
-        try:
-            value = parse(data)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            value = None
-    if not value:
-        logger.warning(message, *args, path.parent)
-        value = measure()
-        _write_cached(path, to_json(value))
-    memory[key] = value
-    return value
-
-
-def cost_profile(model, drafter, candidates: list[dict]) -> CostProfile:
-    """This machine's :class:`~hf_spec.shape_select.CostProfile` for ``drafter`` on ``model``: from
-    this process's memory, else ``$HF_SPEC_CACHE/shape_costs/``, else measured (a few seconds) and cached."""
-    key = _profile_key(model, drafter, candidates)
-    return _measured_once("shape_costs", key, _profiles, CostProfile.from_json,
-                          lambda: measure_costs(model, drafter, candidates, key), CostProfile.to_json,
-                          "hf-spec: timing this machine once to choose %s's draft-tree shape (cached in %s)",
-                          type(drafter).__name__)  # fmt: skip
-
-
-VERIFY_CURVE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
-"""Tree sizes whose verification cost :func:`verify_cost_curve` measures."""
-_curves: dict = {}
-"""Verification cost curves measured or read in this process, by key."""
-
-
-def verify_cost_curve(model) -> dict[int, float]:
-    """This machine's verification cost curve for ``model``: ``{n: ms of one target forward of n tree tokens
-    + the LM head over them}`` at :data:`VERIFY_CURVE_SIZES` (7 rounds, median, made non-decreasing), from this
-    process's memory, else ``$HF_SPEC_CACHE/verify_costs/``, else measured (a few seconds on a CPU) and cached.
-    It depends on the machine, threads, device, dtype and the target's shape, not on any drafter: drafters
-    that size their trees per cycle (:class:`~hf_spec.NGramDrafter`) weigh a node's acceptance against it."""
-    key = json.dumps(_machine_and_target(model), sort_keys=True, default=str)
-
-    def measure() -> dict[int, float]:
-        with torch.inference_mode():
-            return non_decreasing(measure_verify_cost(model, VERIFY_CURVE_SIZES, prefix_length=256, repeats=7))
-
-    return _measured_once("verify_costs", key, _curves,
-                          lambda data: {int(n): float(ms) for n, ms in data["verify_ms"].items()}, measure,
-                          lambda curve: {"format": CACHE_FORMAT, "key": key,
-                                         "verify_ms": {str(n): ms for n, ms in curve.items()}},
-                          "hf-spec: timing this machine's verification of 1-%d tokens once (cached in %s)",
-                          VERIFY_CURVE_SIZES[-1])  # fmt: skip
-
-
-def select_shape(model, drafter) -> ShapeChoice | None:
-    """The drafter's fastest shape candidate on this machine (:mod:`hf_spec.shape_select`), or None
-    when its config has no ``tree_shape_candidates``, ``auto_tree_shape`` is false, or the call is
-    one of the calibration generations."""
-    global _calibrating
-    config = drafter.config
-    candidates = check_candidates(getattr(config, "tree_shape_candidates", None))
-    if _calibrating or not candidates or getattr(config, "auto_tree_shape", None) is False:
-        return None
-    _calibrating = True  # the calibration generations run the candidates' own options
-    try:
-        profile = cost_profile(model, drafter, candidates)
-    finally:
-        _calibrating = False
-    best = choose_candidate(candidates, profile)
-    predicted = predict_ms_per_token(candidates[best], profile.verify_ms, profile.cycle_ms[best])
-    plain = profile.verify_ms.get(1)
-    return ShapeChoice(options=candidate_options(candidates[best]), candidate=dict(candidates[best]),
-                       predicted_ms_per_token=round(predicted, 3),
-                       plain_ms_per_token=None if plain is None else round(plain, 3))  # fmt: skip
-
-
 def write_shape_candidates(drafter_dir, candidates: Sequence[dict], provenance: dict) -> Path:
     """Store ``candidates`` (rows of :func:`measure_candidates`) as the ``tree_shape_candidates`` of
-    the drafter saved in ``drafter_dir`` and switch run-time selection on (``auto_tree_shape``
+    the drafter saved in ``drafter_dir`` and switch the run-time choice among them on (``auto_tree_shape``
     None); ``provenance`` (prompts, command, date) goes to ``tree_shape_candidates_measured``."""
     config_path = Path(drafter_dir) / "config.json"
     if not config_path.is_file():

@@ -142,6 +142,13 @@ def plain_generate(target, input_ids, **kwargs):
         hf_spec.install()
 
 
+@pytest.fixture(autouse=True)
+def drafting_every_cycle_unless_asked(monkeypatch):
+    """Tests exercise what they name: the speed controller (whose choices follow the machine's timings) only where
+    a test passes ``speed_controller`` itself; elsewhere the configured shape drafts every cycle."""
+    monkeypatch.setattr(hf_spec.generation, "SPEED_CONTROL_BY_DEFAULT", False)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``cuda`` skip on machines without a CUDA GPU."""
     if torch.cuda.is_available():

@@ -108,7 +108,7 @@ def test_harness_end_to_end_on_tiny_models(tiny_models, tmp_path):
     rows = run_benchmark(model, prompts, methods, settings)
     names = [m.name for m in methods]
     assert len(rows) == 2 * 2 * 4
-    # hf_spec rows say how many cycles ran no drafter forward (copy/match cycles), beside the n-gram-accepted tokens.
+    # hf_spec rows say how many cycles ran no drafter forward (the cost gate's), beside the n-gram-accepted tokens.
     assert all(isinstance(r["drafter_skipped_cycles"], int) for r in rows if r["method"] == names[3])
     # Two timed runs per method and prompt; a row keeps the fastest.
     assert all(len(r["seconds_runs"]) == 2 and r["seconds"] == min(r["seconds_runs"]) for r in rows)

@@ -92,6 +92,17 @@ def test_tree_mask_incapable_attention_is_rejected_before_any_work(implementatio
     assert not forwards, "the attention check must run before any forward"
 
 
+def test_target_sliding_window_reads_the_config():
+    from transformers import MistralConfig, Qwen2Config
+
+    assert compat.target_sliding_window(make_target("llama").config) is None
+    assert compat.target_sliding_window(MistralConfig(sliding_window=8)) == 8, (
+        "MistralConfig.sliding_window / layer_types changed (compat.target_sliding_window)"
+    )
+    assert compat.target_sliding_window(MistralConfig(sliding_window=None)) is None
+    assert compat.target_sliding_window(Qwen2Config(sliding_window=8, use_sliding_window=False)) is None
+
+
 def test_name_or_path(tmp_path):
     target = make_target("llama")
     target.save_pretrained(tmp_path)

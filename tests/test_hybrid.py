@@ -305,26 +305,9 @@ def copy_cycle_run(monkeypatch, target, prompt, expected, drafter) -> tuple[floa
     return calls[0] / stats.cycles, stats.accepted_from_ngram
 
 
-@pytest.mark.parametrize("kind", ["eagle", "parallel"])
-def test_copy_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind, monkeypatch):
-    """ngram_copy_skips_drafter: a copy cycle drafts the n-gram trie alone and runs no drafter forward;
-    greedy output still equals plain, and fewer drafter forwards run."""
-    target = make_target("llama")
-    prompt = target_text_prompt(target)
-    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
-    cls = hf_spec.EagleDrafter if kind == "eagle" else hf_spec.ParallelDrafter
-    forwards, from_ngram = {}, {}
-    for skip in (False, True):
-        drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_copy_nodes=8,
-                                  ngram_copy_skips_drafter=skip)  # fmt: skip
-        forwards[skip], from_ngram[skip] = copy_cycle_run(monkeypatch, target, prompt, expected, drafter)
-    assert forwards[True] < forwards[False]  # the repetitive prompt makes copy cycles certain
-    assert from_ngram[True] > 0
-
-
 def test_deferred_pairs_reach_the_drafter_cache_as_if_never_skipped(monkeypatch):
-    """The pairs of a skipped (copy) cycle enter the drafter's cache with the next drafted cycle: that
-    cycle's tree equals the one of a session that drafted every cycle."""
+    """The pairs of a skipped cycle (the cost gate's n-gram trie alone) enter the drafter's cache with the next
+    drafted cycle: that cycle's tree equals the one of a session that drafted every cycle."""
     target, drafter = oracle_pair("llama")
     prompt = random_prompt(8)
     ids = plain_generate(target, prompt, max_new_tokens=12, do_sample=False)
@@ -340,7 +323,7 @@ def test_deferred_pairs_reach_the_drafter_cache_as_if_never_skipped(monkeypatch)
     trees = {0: [], 1: []}
     for step, (feats, tokens) in enumerate(steps):
         trees[0].append(sessions[0].propose(feats, tokens))
-        if step in skip_at:  # what a copy cycle does: keep the pairs, draft nothing
+        if step in skip_at:  # what a skipped cycle does: keep the pairs, draft nothing
             sessions[1]._deferred.append((feats, tokens))
             continue
         _, feats, tokens = sessions[1].copy_or_commit(feats, tokens)
@@ -350,49 +333,27 @@ def test_deferred_pairs_reach_the_drafter_cache_as_if_never_skipped(monkeypatch)
     assert sessions[0].committed == sessions[1].committed == length + 4  # every pair in the cache
 
 
-@pytest.mark.parametrize("cycles, seed", [(dict(ngram_copy_nodes=4), 2468),
-                                          (dict(ngram_match_nodes=3, ngram_match_min_length=1), 2469)])  # fmt: skip
-def test_sampled_distribution_with_drafter_skipping_cycles_equals_target(cycles, seed, monkeypatch):
-    """Skipping the drafter on copy cycles, or on match cycles (ngram_match_nodes), depends on the committed text
-    only: the sampled law stays the target's."""
-    target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
-    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_depth=3, ngram_copy_skips_drafter=True,
-                                               **cycles)  # fmt: skip
-    calls = count_drafter_forwards(monkeypatch)
-    counts, num_cycles = sample_counts(target, prompt, drafter, seed, "cycles", tree_depth=2, tree_top_k=2,
-                                       tree_total_tokens=2)  # fmt: skip
-    p_value = chi_square_pvalue(counts, exact)
-    assert p_value > P_VALUE_FLOOR, p_value
-    assert calls[0] < 2 * num_cycles  # some cycles skipped the drafter (a drafted cycle runs 2 forwards at depth 2)
-
-
-def test_copy_budget_tells_copy_match_and_plain_cycles_apart():
-    """copy_budget: a full-suffix context match is a copy (copy_nodes); a shorter match of match_min_length
-    tokens or more, or a full one whose copy budget is 0, is a match cycle, with its own budget for context
-    (match_nodes) and datastore-only matches (datastore_match_nodes); shorter matches, or a budget of 0, draft
-    as usual (0)."""
+def test_copy_budget_tells_copy_and_plain_cycles_apart():
+    """copy_budget: a context match of the whole max_match suffix (or longer) is a copy (copy_nodes); a shorter
+    match, one found only in the datastore, no continuation, or a budget of 0 draft as usual (0)."""
     from hf_spec.drafters.ngram import Continuation, copy_budget
 
-    def budget(length, position=5, copy=24, datastore_copy=0, match=8, min_length=2, datastore_match=0):
-        return copy_budget(Continuation([1, 2], length, position), 4, copy, datastore_copy, match, min_length,
-                           datastore_match)  # fmt: skip
+    def budget(length, position=5, copy=24):
+        return copy_budget(Continuation([1, 2], length, position), 4, copy)
 
-    assert budget(4) == 24 and budget(4, copy=0) == 8  # a copy, or a match cycle where copies are off
-    assert budget(4, position=-1) == 0 and budget(4, position=-1, datastore_copy=12) == 12  # the datastore's
-    assert budget(2, position=-1) == 0 and budget(2, position=-1, datastore_match=6) == 6
-    assert budget(4, position=-1, datastore_match=6) == 6 and budget(1, position=-1, datastore_match=6) == 0
-    assert budget(3) == budget(2) == 8 and budget(1) == 0 and budget(2, min_length=3) == 0
-    assert budget(3, match=0) == 0 and budget(4, match=0) == 24 and copy_budget(None, 4, 24, 0, 8, 2, 8) == 0
+    assert budget(4) == budget(9) == 24 and budget(4, copy=0) == 0  # a copy, or none where copies are off
+    assert budget(4, position=-1) == 0  # a datastore-only match is no copy
+    assert budget(3) == budget(1) == 0 and copy_budget(None, 4, 24) == 0
 
 
 def test_ngram_max_match_sets_the_suffix_a_copy_must_repeat(monkeypatch):
     """ngram_max_match: the hybrid's n-gram index matches suffixes up to that long, so a copy cycle needs that many
-    repeated tokens (a 4-token repeat is a copy at 4, a match cycle at 6); greedy output still equals plain."""
+    repeated tokens (a 4-token repeat is a copy at 4, not at 6); greedy output still equals plain."""
     from hf_spec.drafters.ngram import NGramBranches
 
     context = torch.tensor([[7, 1, 2, 3, 4, 9, 8, 8, 1, 2, 3, 4]])  # the suffix 1 2 3 4 repeats, 9 1 2 3 4 does not
-    for max_match, expected_budget in ((4, 24), (6, 8)):
-        branches = NGramBranches(context[:, :1], max_match=max_match, copy_nodes=24, match_nodes=8)
+    for max_match, expected_budget in ((4, 24), (6, 0)):
+        branches = NGramBranches(context[:, :1], max_match=max_match, copy_nodes=24)
         branches.extend(context[0, 1:])
         assert branches.copy_budget(depth=4) == expected_budget
     target = make_target("llama")
@@ -408,33 +369,6 @@ def test_ngram_max_match_sets_the_suffix_a_copy_must_repeat(monkeypatch):
     assert [kw["max_match"] for kw in made] == [6]
     with pytest.raises(ValueError, match="ngram_max_match"):
         hf_spec.EagleDrafter.from_target(target, ngram_max_match=0)
-
-
-@pytest.mark.parametrize("kind", ["eagle", "parallel"])
-def test_match_cycles_that_skip_the_drafter_stay_lossless_and_save_forwards(kind, monkeypatch):
-    """ngram_match_nodes with ngram_copy_skips_drafter: a cycle whose context matches >= ngram_match_min_length
-    suffix tokens drafts the n-gram trie alone (no copy budget at all here); greedy output still equals plain,
-    fewer drafter forwards run and the n-gram nodes are accepted."""
-    target = make_target("llama")
-    prompt = target_text_prompt(target)
-    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
-    cls = hf_spec.EagleDrafter if kind == "eagle" else hf_spec.ParallelDrafter
-    forwards, from_ngram = {}, {}
-    for match in (0, 6):
-        drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_copy_skips_drafter=True,
-                                  ngram_match_nodes=match, ngram_match_min_length=2)  # fmt: skip
-        forwards[match], from_ngram[match] = copy_cycle_run(monkeypatch, target, prompt, expected, drafter)
-        assert (drafter.last_generation_stats.drafter_skipped_cycles > 0) == bool(match)
-    assert forwards[6] < forwards[0]  # the repetitive prompt makes 2-token matches certain
-    assert from_ngram[6] > 0
-    with pytest.raises(ValueError, match="ngram_match_min_length"):
-        hf_spec.EagleDrafter.from_target(target, ngram_match_min_length=0)
-    with pytest.raises(ValueError, match="ngram_match_nodes"):
-        hf_spec.EagleDrafter.from_target(target, ngram_match_nodes=-1)
-    with pytest.raises(ValueError, match="ngram_datastore_match_nodes"):
-        hf_spec.EagleDrafter.from_target(target, ngram_datastore_match_nodes=-1)
-
-
 
 
 # -- the cost gate (ngram_cost_gate) -------------------------------------------------------------
@@ -526,10 +460,10 @@ def test_trie_nodes_first_keeps_the_best_nodes_with_their_parents():
 def test_cycle_gate_carries_its_measurements_over_to_the_next_call_with_the_same_target(monkeypatch):
     """A second call with the same target starts from the first call's gate (capped to MEMORY_CYCLES cycles);
     another target (or dtype) starts afresh."""
-    from hf_spec import tune
+    from hf_spec import verify_cost
     from hf_spec.drafters.ngram import CycleGate
 
-    monkeypatch.setattr(tune, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
+    monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
     target = make_target("llama")
     prompt = target_text_prompt(target)
     drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_depth=8, ngram_cost_gate=True)
@@ -557,10 +491,10 @@ def test_cycle_gate_carries_its_measurements_over_to_the_next_call_with_the_same
 def test_cost_gate_stays_lossless_and_skips_the_drafter_on_a_repetitive_text(kind, monkeypatch):
     """With ngram_cost_gate the n-gram trie alone replaces drafted cycles where it is worth more: greedy output
     equals plain and fewer drafter forwards run than without the gate (EAGLE family and ParallelSpec)."""
-    from hf_spec import tune
+    from hf_spec import verify_cost
 
     # a target step of 0.5 ms: the untrained drafter's forwards cost several steps and add little
-    monkeypatch.setattr(tune, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
+    monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
     target = make_target("llama")
     prompt = target_text_prompt(target)
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
@@ -579,9 +513,9 @@ def test_cost_gate_stays_lossless_and_skips_the_drafter_on_a_repetitive_text(kin
 def test_cost_gate_copy_cycles_stay_lossless_and_are_counted(monkeypatch):
     """Copy cycles under the gate (a copy budget above 16 nodes) verify the whole trie or its best 16 nodes as the
     gate chooses: greedy output equals plain, and the gate counts what both would have committed."""
-    from hf_spec import tune
+    from hf_spec import verify_cost
 
-    monkeypatch.setattr(tune, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
+    monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
     target = make_target("llama")
     prompt = target_text_prompt(target)  # the tiny target loops: its text copies the prompt
     expected = plain_generate(target, prompt, max_new_tokens=60, do_sample=False)
@@ -600,9 +534,9 @@ def test_cost_gate_copy_cycles_stay_lossless_and_are_counted(monkeypatch):
 def test_sampled_distribution_with_the_cost_gate_equals_target(kind, monkeypatch):
     """The gate's choice depends on the committed text and earlier cycles only: the sampled law stays the target's
     (EAGLE family and ParallelSpec)."""
-    from hf_spec import tune
+    from hf_spec import verify_cost
 
-    monkeypatch.setattr(tune, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
+    monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
     target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
     cls = hf_spec.EagleDrafter if kind == "eagle" else hf_spec.ParallelDrafter
     drafter = cls.from_target(target, ngram_branches=1, ngram_depth=3, ngram_cost_gate=True)

@@ -1,5 +1,6 @@
-"""The package's import graph: one decoding loop module that the integration point imports,
-never the other way round, and no module-level import cycle anywhere in hf_spec."""
+"""The package's import graph, imports inside functions included: one decoding loop module that the integration
+point imports, never the other way round; no import cycle anywhere in hf_spec; nothing imports the package root;
+the cost model and the speed controller at the bottom."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import ast
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hf_spec"
 
@@ -20,7 +23,8 @@ def _modules() -> dict[str, pathlib.Path]:
 
 
 def _imports(name: str, path: pathlib.Path, modules) -> tuple[set[str], set[str]]:
-    """(package modules imported at module level, those imported inside functions) by ``name``."""
+    """(package modules imported at module level, those imported inside functions) by ``name``, ``__import__`` and
+    ``importlib.import_module`` of a literal name included."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     top, lazy = set(), set()
 
@@ -33,11 +37,19 @@ def _imports(name: str, path: pathlib.Path, modules) -> tuple[set[str], set[str]
         # ``from . import compat`` imports the submodule, not the package's own __init__
         return submodules if len(submodules) == len(node.names) else submodules | ({source} & modules.keys())
 
+    def dynamic(node) -> set[str]:  # __import__("hf_spec...") and importlib.import_module("hf_spec...")
+        function = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+        if function in ("__import__", "import_module") and node.args and isinstance(node.args[0], ast.Constant):
+            return {node.args[0].value} & modules.keys()
+        return set()
+
     def visit(nodes, inside_function: bool) -> None:
         for node in nodes:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 (lazy if inside_function else top).update(targets(node) - {name})
             else:
+                if isinstance(node, ast.Call):
+                    (lazy if inside_function else top).update(dynamic(node) - {name})
                 visit(ast.iter_child_nodes(node),
                       inside_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))  # fmt: skip
 
@@ -45,16 +57,20 @@ def _imports(name: str, path: pathlib.Path, modules) -> tuple[set[str], set[str]
     return top, lazy
 
 
-def test_no_module_level_import_cycle_in_the_package():
-    modules = _modules()
-    graph = {name: _imports(name, path, modules)[0] for name, path in modules.items()}
+def _graph(modules) -> dict[str, set[str]]:
+    """Every package module -> the package modules it imports, at module level or inside functions."""
+    return {name: set().union(*_imports(name, path, modules)) for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (its modules in order, the first repeated at the end), or None."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
     def cycle_from(name: str, path: list[str]) -> list[str] | None:
         state[name] = 1
         for other in sorted(graph[name]):
             if state.get(other) == 1:
-                return path[path.index(other) :] + [other] if other in path else [name, other]
+                return path[path.index(other) :] + [other]
             if other not in state:
                 found = cycle_from(other, path + [other])
                 if found:
@@ -64,7 +80,67 @@ def test_no_module_level_import_cycle_in_the_package():
 
     for name in sorted(graph):
         if name not in state:
-            assert cycle_from(name, [name]) is None, "module-level import cycle"
+            found = cycle_from(name, [name])
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_in_the_package_inside_functions_either():
+    """No circle, counting imports inside functions too: a function-level import hides a cycle, it does not
+    break it (the layers still depend on each other both ways)."""
+    found = _cycle(_graph(_modules()))
+    assert found is None, "import cycle: " + " -> ".join(found)
+
+
+def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
+    (tmp_path / "a.py").write_text("from . import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .a import x\n    return x\n")
+    (tmp_path / "c.py").write_text("def f():\n    return __import__('pkg.a').x\n")
+    modules = {"pkg.a": tmp_path / "a.py", "pkg.b": tmp_path / "b.py", "pkg.c": tmp_path / "c.py"}
+    assert _imports("pkg.b", modules["pkg.b"], modules) == (set(), {"pkg.a"})
+    assert _imports("pkg.c", modules["pkg.c"], modules) == (set(), {"pkg.a"})
+    assert _cycle(_graph(modules)) == ["pkg.a", "pkg.b", "pkg.a"]
+    assert _cycle({"pkg.a": {"pkg.b"}, "pkg.b": set()}) is None
+
+
+def test_nothing_inside_the_package_imports_its_root():
+    """``hf_spec/__init__.py`` sits at the top of the house (it imports every layer to export its names); modules
+    import what they need from the submodule that defines it."""
+    graph = _graph(_modules())
+    assert not [name for name, imported in graph.items() if "hf_spec" in imported]
+
+
+BOTTOM = ("hf_spec.compat", "hf_spec.timing", "hf_spec.cache", "hf_spec.tree", "hf_spec.stats", "hf_spec.resources",
+          "hf_spec.hardware", "hf_spec.shape_select")  # fmt: skip
+"""What the bottom of the house (the cost model and the speed controller) may import: modules that import nothing
+above them (``hf_spec.tree`` with its submodules; ``shape_select`` is pure: candidates and cost-curve helpers)."""
+ABOVE = ("hf_spec.drafters", "hf_spec.tune", "hf_spec.decoding", "hf_spec.generation", "hf_spec.bench", "hf_spec.hub",
+         "hf_spec.training", "hf_spec.cli", "hf_spec.demo")  # fmt: skip
+
+
+def _within(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+@pytest.mark.parametrize("module", ["hf_spec.verify_cost", "hf_spec.controller"])
+def test_the_cost_model_and_the_controller_sit_at_the_bottom_of_the_house(module):
+    modules = _modules()
+    if module not in modules:
+        pytest.skip(f"{module} does not exist yet")
+    graph = _graph(modules)
+    assert graph[module] <= {m for m in modules if _within(m, BOTTOM)}, sorted(graph[module])
+    reached, todo = set(), [module]
+    while todo:  # and nothing they import reaches further up
+        for other in graph[todo.pop()] - reached:
+            reached.add(other)
+            todo.append(other)
+    assert not [m for m in reached if _within(m, ABOVE)], sorted(reached)
+
+
+def test_shape_candidates_are_pure():
+    modules = _modules()
+    assert _graph(modules)["hf_spec.shape_select"] == set()
 
 
 def test_the_loop_module_does_not_import_the_integration_point():
@@ -74,7 +150,6 @@ def test_the_loop_module_does_not_import_the_integration_point():
     assert "hf_spec.generation" not in loop_top | loop_lazy
     assert "hf_spec.decoding" in entry_top
     assert not loop_lazy and not entry_lazy, (loop_lazy, entry_lazy)  # no imports hidden inside functions
-    assert "hf_spec.batched" not in modules  # one loop: batch 1 is a row of it
 
 
 def test_importing_the_loop_module_first_works():

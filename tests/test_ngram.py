@@ -232,38 +232,10 @@ def test_node_cost_sizes_the_tree():
         hf_spec.NGramDrafter(node_cost=-1)
 
 
-def test_acceptance_calibration_shrinks_trees_whose_nodes_the_target_does_not_follow():
-    """Verified nodes are counted against their estimates per band; the size cut weighs them at the measured rate
-    (a prior of 2 estimated tokens agreeing), so a text that rarely follows its matches gets smaller trees."""
-    from hf_spec.drafters.ngram import AcceptanceCalibration, TrieNodes
-
-    chain = TrieNodes(tokens=[5, 6, 7], parents=[-1, 0, 1], depths=[1, 2, 3], counts=[1] * 3, occurrences=1,
-                      ranks=[0, 1, 2], probabilities=[0.8, 0.6, 0.3])  # fmt: skip
-    calibration = AcceptanceCalibration()
-    assert calibration.calibrated([0.8, 0.05]) == [0.8, 0.05]  # nothing measured: the estimates
-    for _ in range(4):
-        calibration.record(chain, [5, 9])  # the target follows the first node only, then writes 9
-    # bands: 0.8 -> [0.75, 1): 4 accepted of 3.2 estimated; 0.6 -> [0.5, 0.75): 0 of 2.4; 0.3 -> [0.25, 0.5): 0 of 1.2
-    assert calibration.calibrated([0.8, 0.6, 0.3, 0.05]) == pytest.approx(
-        [0.8 * 6 / 5.2, 0.6 * 2 / 4.4, 0.3 * 2 / 3.2, 0.05])
-    context = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]  # a copied passage: a deep chain, one occurrence
-    session, tree = session_for(context, node_cost=0.05, calibrate=True)
-    sizes = [len(tree) - 1]
-    for _ in range(6):  # the target never follows the chain: each verified trie is recorded with what it wrote
-        tree = session.propose(None, torch.tensor([99, 1, 2, 3, 4]))
-        sizes.append(len(tree) - 1)
-    plain_session, plain_tree = session_for(context, node_cost=0.05)
-    for _ in range(6):  # the default: the fitted estimates as they are, on the same texts
-        plain_tree = plain_session.propose(None, torch.tensor([99, 1, 2, 3, 4]))
-    assert sizes[0] >= 4 and sizes[-1] < len(plain_tree) - 1
-    with pytest.raises(ValueError, match="calibrate"):
-        hf_spec.NGramDrafter(calibrate="yes")
-
-
 def test_default_sizes_trees_by_this_machines_measured_verification_costs(monkeypatch):
-    """node_cost None: the cut weighs acceptance against the target's measured curve (tune.verify_cost_curve),
+    """node_cost None: the cut weighs acceptance against the target's measured curve (verify_cost.verify_cost_curve),
     so a flat curve (a GPU, AMX) drafts the whole tree and a steep one drafts nothing on a weak match."""
-    from hf_spec import tune
+    from hf_spec import verify_cost
     from hf_spec.drafters.ngram import relative_node_costs
 
     context = torch.tensor([[4, 8, 2, 9, 8]])
@@ -272,7 +244,7 @@ def test_default_sizes_trees_by_this_machines_measured_verification_costs(monkey
     assert drafter.config.node_cost is None
     sizes = {}
     for name, curve in {"flat": {1: 10.0, 64: 10.0}, "steep": {1: 10.0, 2: 20.0, 64: 640.0}}.items():
-        monkeypatch.setattr(tune, "verify_cost_curve", lambda model, curve=curve: curve)
+        monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model, curve=curve: curve)
         session = drafter.new_drafting_session(target, drafter.tree_shape(), False, prompt_ids=context)
         sizes[name] = len(session.propose(None, context[0, 1:])) - 1
     assert sizes == {"flat": 3, "steep": 0}
@@ -284,22 +256,22 @@ def test_default_sizes_trees_by_this_machines_measured_verification_costs(monkey
 
 
 def test_verify_cost_curve_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
-    from hf_spec import tune
+    from hf_spec import verify_cost
 
     monkeypatch.setenv("HF_SPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(tune, "_curves", {})
+    monkeypatch.setattr(verify_cost, "_curves", {})
     calls = []
 
     def measure(model, sizes, **kwargs):
         calls.append(sizes)
         return {n: 10.0 + n - (6.0 if n == 8 else 0.0) for n in sizes}  # a dip at 8 is timing noise
 
-    monkeypatch.setattr(tune, "measure_verify_cost", measure)
+    monkeypatch.setattr(verify_cost, "measure_verify_cost", measure)
     target = make_target("llama")
-    curve = tune.verify_cost_curve(target)
-    assert calls == [tune.VERIFY_CURVE_SIZES] and curve[8] == curve[4] == 14.0 and curve[64] == 74.0
-    monkeypatch.setattr(tune, "_curves", {})  # a new process: read from $HF_SPEC_CACHE/verify_costs, not timed again
-    assert tune.verify_cost_curve(target) == curve and len(calls) == 1
+    curve = verify_cost.verify_cost_curve(target)
+    assert calls == [verify_cost.VERIFY_CURVE_SIZES] and curve[8] == curve[4] == 14.0 and curve[64] == 74.0
+    monkeypatch.setattr(verify_cost, "_curves", {})  # a new process: read from $HF_SPEC_CACHE/verify_costs, not timed again
+    assert verify_cost.verify_cost_curve(target) == curve and len(calls) == 1
     assert len(list((tmp_path / "verify_costs").glob("*.json"))) == 1
 
 
@@ -398,11 +370,8 @@ def test_bench_method_hf_spec_ngram():
     assert (drafter.config.max_depth, drafter.config.num_draft_tokens, drafter.config.max_branches) == (6, 10, 2)
     assert method.info["drafter"] == "ngram" and method.info["max_depth"] == 6
     assert parse_method("hf_spec:ngram:node_cost=0.02", torch.float32).info["node_cost"] == 0.02
-    assert parse_method("hf_spec:ngram:calibrate=1", torch.float32).info["calibrate"] is True
-    assert method.info["calibrate"] is False
-    for bad in ("deep=6", "calibrate=2"):
-        with pytest.raises(ValueError, match="unknown n-gram option"):
-            parse_method(f"hf_spec:ngram:{bad}", torch.float32)
+    with pytest.raises(ValueError, match="unknown n-gram option"):
+        parse_method("hf_spec:ngram:deep=6", torch.float32)
     target = make_target("llama")
     prompts = {"rep": [{"id": f"rep/{i}", "input_ids": repetitive_prompt(seed=i)[0].tolist()} for i in range(2)]}
     methods = [parse_method("plain"), parse_method("hf_spec:ngram")]

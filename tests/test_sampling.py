@@ -150,18 +150,3 @@ def test_rejection_sampling_step_is_exact_by_enumeration():
         token, _ = _rejection_sample(p, q, torch.tensor([first, second]), torch.tensor([1, -1]), None)
         counts[token] += 1
     assert chi_square_pvalue(counts, p) > P_VALUE_FLOOR
-
-
-def test_target_only_calls_sample_the_target_law(monkeypatch):
-    """A call whose costs say no tree can pay drafts nothing (TargetOnlySession): still the target's law."""
-    from hf_spec import generation
-    from hf_spec.shape_select import ShapeChoice
-
-    choice = ShapeChoice(options={}, candidate={"tau": 1.5}, predicted_ms_per_token=50.0, plain_ms_per_token=10.0)
-    monkeypatch.setattr(generation, "select_shape", lambda model, drafter: choice)
-    target, drafter = tiny_pair("random")
-    prompt = random_prompt(length=6, vocab_size=VOCAB, seed=11)
-    p_value, tau = sampled_law_p_value(target, prompt, drafter, dict(temperature=0.7))
-    assert p_value > P_VALUE_FLOOR, p_value
-    stats = drafter.last_generation_stats
-    assert stats.shape_choice["drafted"] is False and max(stats.tree_sizes) == 1 and tau == 1.0

@@ -1,4 +1,4 @@
-"""hf-spec tune: cost curves and shape choice (pure, injected numbers), the exact acceptance
+"""hf-spec tune (offline): cost curves and shape prediction (pure, injected numbers), the exact acceptance
 replay against real generations (tiny random models), --write round trip, CLI."""
 
 import json
@@ -8,12 +8,12 @@ import torch
 
 import hf_spec
 from hf_spec.cli import build_parser
+from hf_spec.shape_select import interpolate_cost, non_decreasing
 from hf_spec.tree.dynamic import TreeShape
 from hf_spec.tune import (
     TuneGrid,
     candidate_shapes,
     draft_cost_ms,
-    interpolate_cost,
     measure_acceptance,
     measure_generation,
     path_ranks,
@@ -136,8 +136,6 @@ def test_cli_help(capsys):
 
 def test_non_decreasing_lifts_noisy_dips_of_a_cost_curve():
     """A timing dip (t(8) below t(4)) must not make the larger tree look cheaper; rising points stay as measured."""
-    from hf_spec.shape_select import non_decreasing
-
     assert non_decreasing({1: 46.8, 2: 49.2, 4: 56.5, 8: 52.2, 16: 54.9, 32: 72.1}) == {
         1: 46.8, 2: 49.2, 4: 56.5, 8: 56.5, 16: 56.5, 32: 72.1}  # fmt: skip
     assert non_decreasing({4: 3.0, 1: 1.0, 2: 2.0}) == {1: 1.0, 2: 2.0, 4: 3.0}

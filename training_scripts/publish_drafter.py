@@ -21,9 +21,8 @@ import torch
 from transformers import AutoModel
 
 TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_widths", "ngram_branches", "ngram_depth",
-                "ngram_copy_nodes", "ngram_copy_skips_drafter", "ngram_datastore_copy_nodes", "ngram_match_nodes",
-                "ngram_match_min_length", "ngram_datastore_match_nodes", "ngram_cost_gate", "tree_shape_candidates",
-                "auto_tree_shape", "tree_shape_candidates_measured", "tree_tuned_for")
+                "ngram_copy_nodes", "ngram_cost_gate", "tree_shape_candidates", "auto_tree_shape",
+                "tree_shape_candidates_measured", "tree_tuned_for")
 TRAINING_INFO = "training_info.json"
 """Written beside the weights: the card's training facts, read back when a published folder is its own source."""
 

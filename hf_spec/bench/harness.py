@@ -14,15 +14,15 @@ Methods (strings, as on the command line):
   ``hf_spec:<path>:ngram=N`` grafts up to N context n-gram nodes into each of a feature
   drafter's trees (``ngram_branches=N``; the stats then count ``accepted_from_ngram``);
   ``:no_datastore`` drops the drafter's n-gram datastore (corpus continuations) for the run;
-  ``:fixed_shape`` uses the configured tree instead of the run-time choice among the config's
-  ``tree_shape_candidates`` (:mod:`hf_spec.shape_select`; the stats record each call's choice);
+  ``:fixed_shape`` drafts the configured tree every cycle (``speed_controller=False``) instead of
+  letting the online controller choose among plain steps and the shape candidates
+  (:mod:`hf_spec.controller`; the stats record what the controller did);
   ``:depth=N`` / ``:min_prob=F`` set ``tree_depth`` / ``tree_min_prob`` for that method only
   (e.g. an S2D chain's length and confidence stop).
 - ``hf_spec:ngram`` or ``hf_spec:ngram:key=value:...``: the weightless context n-gram
   tree drafter (:class:`hf_spec.NGramDrafter`); keys: ``depth`` (max_depth), ``tokens``
   (num_draft_tokens), ``branches`` (max_branches), ``max_match``, ``min_match``,
-  ``occurrences`` (max_occurrences), ``node_cost`` (a decimal, 0: fixed-size trees), ``calibrate``
-  (1: size trees by measured acceptance too), e.g.
+  ``occurrences`` (max_occurrences), ``node_cost`` (a decimal, 0: fixed-size trees), e.g.
   ``hf_spec:ngram:depth=8:tokens=16``; ``datastore=<folder or file>``
   adds an n-gram datastore (e.g. a drafter folder's ``ngram_datastore.safetensors``).
 
@@ -37,18 +37,16 @@ from __future__ import annotations
 
 import datetime
 import os
-import platform
 import re
 import shlex
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
-from ..hardware import DTYPE_NAMES, dtype_name
+from ..hardware import DTYPE_NAMES, machine_info
 from ..timing import clock
 
 __all__ = [
@@ -138,21 +136,19 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.bfloat16):
 
 NGRAM_OPTIONS = {"depth": "max_depth", "tokens": "num_draft_tokens", "branches": "max_branches",
                  "max_match": "max_match", "min_match": "min_match", "occurrences": "max_occurrences",
-                 "copy": "copy_nodes", "copy_depth": "copy_depth", "node_cost": "node_cost",
-                 "calibrate": "calibrate"}  # fmt: skip
+                 "copy": "copy_nodes", "copy_depth": "copy_depth", "node_cost": "node_cost"}  # fmt: skip
 """``hf_spec:ngram:key=value`` option keys -> :class:`hf_spec.NGramDrafterConfig` arguments."""
 
 
 def _ngram_drafter(spec: str, name: str):
     """An :class:`hf_spec.NGramDrafter` from ``ngram[:key=value]...``."""
-    import hf_spec
+    from ..drafters.datastore import DATASTORE_FILE, NGramDatastore
+    from ..drafters.ngram import NGramDrafter
 
     options, datastore = {}, None
     for option in spec.split(":")[1:]:
         key, eq, value = option.partition("=")
         if key == "datastore":
-            from hf_spec.drafters.datastore import DATASTORE_FILE, NGramDatastore
-
             file = os.path.join(value, DATASTORE_FILE) if os.path.isdir(value) else value
             if not os.path.isfile(file):
                 raise ValueError(f"{name}: no n-gram datastore at {value!r} (a drafter folder with {DATASTORE_FILE}, "
@@ -160,12 +156,11 @@ def _ngram_drafter(spec: str, name: str):
             datastore = NGramDatastore.load(file)
             continue
         number = value.isdigit() or (key == "node_cost" and value.replace(".", "", 1).isdigit())
-        if key not in NGRAM_OPTIONS or not eq or not number or (key == "calibrate" and value not in ("0", "1")):
+        if key not in NGRAM_OPTIONS or not eq or not number:
             raise ValueError(f"{name}: unknown n-gram option {option!r}; use key=N with key in {sorted(NGRAM_OPTIONS)} "
-                             "(node_cost takes a decimal, e.g. node_cost=0.02; calibrate 0 or 1)")  # fmt: skip
-        options[NGRAM_OPTIONS[key]] = (float(value) if key == "node_cost" else value == "1" if key == "calibrate"
-                                       else int(value))  # fmt: skip
-    return hf_spec.NGramDrafter(datastore=datastore, **options), options
+                             "(node_cost takes a decimal, e.g. node_cost=0.02)")  # fmt: skip
+        options[NGRAM_OPTIONS[key]] = float(value) if key == "node_cost" else int(value)
+    return NGramDrafter(datastore=datastore, **options), options
 
 
 def drafter_stats(drafter) -> Callable[[], dict[str, Any]]:
@@ -184,15 +179,14 @@ def drafter_stats(drafter) -> Callable[[], dict[str, Any]]:
             "verified_tokens": sum(s.tree_sizes),
             "acceptance_by_position": [float(x) for x in s.acceptance_by_position()],
             **({"exit_counts": list(s.early_exits.exit_counts)} if s.early_exits is not None else {}),
-            **({"shape_choice": dict(s.shape_choice)} if s.shape_choice is not None else {}),
+            **({"controller": dict(s.controller)} if getattr(s, "controller", None) is not None else {}),
         }
 
     return stats
 
 
 def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None = None, device=None) -> Method:
-    import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
-    from transformers import AutoModel
+    from transformers import AutoModel  # the drafter classes are registered with it (hf_spec.drafters)
 
     options_text = []
     while ":" in path and re.fullmatch(r"no_router|no_datastore|fixed_shape|exit=\d+|ngram=\d+|depth=\d+|min_prob=[0-9.]+",
@@ -209,8 +203,6 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
         drafter = drafter.to(device)
     if "no_datastore" in options_text:
         drafter.ngram_datastore = None
-    if "fixed_shape" in options_text:  # the configured tree, not the run-time choice among shape candidates
-        drafter.config.auto_tree_shape = False
     fixed_exit = next((int(o.split("=")[1]) for o in options_text if o.startswith("exit=")), None)
     if fixed_exit is not None:
         if not hasattr(drafter, "use_fixed_exit"):
@@ -221,6 +213,8 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
 
     tree = {k: v for k, v in (tree or {}).items() if v is not None}
     options = {"use_router": False} if no_router else {}
+    if "fixed_shape" in options_text:  # the configured tree every cycle: no speed controller
+        options["speed_controller"] = False
     for option in options_text:  # per-method generate options; tree ones override the command line's
         key, _, value = option.partition("=")
         if key == "depth":
@@ -234,8 +228,7 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
             and getattr(drafter.config, "auto_tree_shape", None) is not False and not tree and "ngram_branches" not in options}  # fmt: skip
     if ngram_options is not None:
         info.update(drafter="ngram", **{k: getattr(drafter.config, k) for k in (
-            "max_match", "min_match", "num_draft_tokens", "max_depth", "max_branches", "max_occurrences", "node_cost",
-            "calibrate")})  # fmt: skip
+            "max_match", "min_match", "num_draft_tokens", "max_depth", "max_branches", "max_occurrences", "node_cost")})  # fmt: skip
     if fixed_exit is not None:
         info["fixed_exit"] = fixed_exit
     return Method(name, {"assistant_model": drafter, **tree, **options}, stats, info)
@@ -454,32 +447,6 @@ def _median_paired_speedup(rows: list[dict], dataset: str, method: str) -> float
         return None
     mid = len(ratios) // 2
     return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
-
-
-def machine_info(dtype: torch.dtype, device=None) -> dict[str, Any]:
-    """CPU model, core count, library versions, dtype and the device (its GPU's name on CUDA), for the results file."""
-    import transformers
-
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cuda": torch.cuda.is_available(),
-        "load_average_1_5_15min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "dtype": dtype_name(dtype),
-        "device": str(device or "cpu"),
-        **({"gpu": torch.cuda.get_device_name(device)} if device is not None and torch.device(device).type == "cuda" else {}),
-    }
 
 
 def run_metadata(settings: BenchSettings, dtype: torch.dtype, command: str | None = None, device=None,

@@ -1,11 +1,25 @@
-"""Drafter families: one module per family, each a PretrainedConfig + PreTrainedModel."""
+"""Drafter families: one module per family, each a PretrainedConfig + PreTrainedModel.
+
+Importing this package registers every family that loads from a checkpoint in :mod:`.registry` (the table
+``model_type`` -> classes) and with transformers' ``AutoConfig``/``AutoModel``.
+"""
 
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .eagle import EagleDrafter, EagleDrafterConfig
 from .eagle3 import Eagle3Drafter, Eagle3DrafterConfig
 from .ngram import NGramDrafter, NGramDrafterConfig
 from .parallel import ParallelDrafter, ParallelDrafterConfig
+from .registry import DRAFTER_CLASSES, register
 from .sorted import SortedDrafter, SortedDrafterConfig
+
+for _config_class, _model_class in (
+    (EagleDrafterConfig, EagleDrafter),
+    (Eagle3DrafterConfig, Eagle3Drafter),
+    (SortedDrafterConfig, SortedDrafter),
+    (ParallelDrafterConfig, ParallelDrafter),
+):
+    register(_config_class, _model_class)
+del _config_class, _model_class
 
 __all__ = [
     "SpecDrafterConfig",
@@ -20,4 +34,5 @@ __all__ = [
     "ParallelDrafterConfig",
     "SortedDrafter",
     "SortedDrafterConfig",
+    "DRAFTER_CLASSES",
 ]

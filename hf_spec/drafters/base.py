@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from .. import compat, draft_vocab
+from ..shape_select import check_candidates
 from ..tree.dynamic import TreeShape
 from .session import DraftingSession
 
@@ -47,8 +48,8 @@ class SpecDrafterConfig(PretrainedConfig):
             nodes whose cumulative draft probability is below it are neither grown nor verified.
         tree_shape_candidates: optional list of shapes (``generate()`` options ``tree_depth``,
             ``tree_top_k``, ``tree_total_tokens``, ``tree_min_prob``, ``ngram_branches``) with the ``tau`` and
-            ``verified_nodes`` each achieved on held-aside prompts; :mod:`hf_spec.shape_select`
-            picks the fastest on the machine at hand (its costs timed once, cached).
+            ``verified_nodes`` each achieved on held-aside prompts (:mod:`hf_spec.shape_select`): the rungs the
+            online controller (:mod:`hf_spec.controller`) chooses among at run time, its measured cycles deciding.
         auto_tree_shape: use the candidates when a call sets none of those options (None: true
             when there are candidates); false keeps the configured shape.
         training_method: how the checkpoint was trained (``eagle``, ``hass``, ``coral``, ``s2d``,
@@ -82,8 +83,6 @@ class SpecDrafterConfig(PretrainedConfig):
         tree_min_prob: float = 0.0,
         **kwargs,
     ):
-        from ..shape_select import check_candidates
-
         _check_format_version(hf_spec_version, type(self).__name__)
         self.hf_spec_version = hf_spec_version or CHECKPOINT_FORMAT_VERSION
         self.target_model_name_or_path = target_model_name_or_path

@@ -25,10 +25,16 @@ from ..cache import crop_to
 from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
-from .layer_config import decoder_layer_config
+from .layer_config import _NOT_LAYER_FIELDS, decoder_layer_config
 from .ngram import DEFAULT_DRAFT_DEPTH, DEFAULT_DRAFT_NODES, CycleGate, NGramBranches
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
 from .session import DraftingSession, check_ngram_branches
+
+# hf-spec:hub-begin -- the n-gram cost gate reads this machine's measured verification costs (_with_cycle_gate); a
+# remote-code drafter never drafts, so its copy leaves them out.
+from .. import verify_cost
+
+# hf-spec:hub-end
 
 DECODER_LAYERS = {
     "llama": (LlamaDecoderLayer, LlamaRotaryEmbedding),
@@ -36,12 +42,6 @@ DECODER_LAYERS = {
     "mistral": (MistralDecoderLayer, MistralRotaryEmbedding),
 }
 """model_type -> (decoder layer class, rotary embedding class) taken from transformers."""
-
-_NOT_LAYER_FIELDS = {
-    "architectures", "auto_map", "quantization_config", "_name_or_path", "transformers_version", "dtype",
-    "torch_dtype", "model_type", "num_hidden_layers", "layer_types", "id2label", "label2id", "tie_word_embeddings",
-    "max_window_layers", "use_sliding_window", "_attn_implementation_autoset", "output_attentions",
-}  # fmt: skip
 
 
 def _suffix_length(value, name: str) -> int:
@@ -74,28 +74,9 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_copy_nodes: on a cycle whose context repeats the whole ``ngram_max_match``-token
             suffix (4 tokens: the text is being copied, e.g. an edit of code in the prompt), up to
             this many n-gram nodes are grafted instead of ``ngram_branches`` (0: no such boost),
-            so copies get the long chains prompt lookup would draft while other cycles stay cheap.
-        ngram_copy_skips_drafter: on such a copy cycle draft the n-gram trie alone (up to
-            ``ngram_copy_nodes`` nodes) and run no drafter forward; the cycle's committed pairs
-            enter the drafter's cache with the next drafted cycle's. The choice depends on the
-            committed text only, so sampling stays exact (point-mass drafts).
-        ngram_datastore_copy_nodes: a cycle whose best continuation in the n-gram datastore
-            (``ngram_datastore``) matches the whole ``max_match``-token suffix is a copy cycle too,
-            drafting up to this many n-gram nodes (0: off; ``ngram_copy_skips_drafter`` applies):
-            formulaic text the target wrote before, where the corpus may predict as well as the
-            drafter at no drafter cost. Its own budget: corpus continuations branch more than a
-            copied passage, so the context's long copy chains would cost too many tree tokens.
-        ngram_match_nodes: a cycle that is no copy but whose best continuation is in the context and matches at
-            least ``ngram_match_min_length`` suffix tokens is a *match cycle*, drafting up to this many n-gram
-            nodes (0: off; ``ngram_copy_skips_drafter`` applies, so such a cycle drafts the n-gram trie alone, as
-            :class:`~hf_spec.drafters.ngram.NGramDrafter` would, and runs no drafter forward). Measured per
-            cycle, the SmolLM2 drafters add no accepted tokens there beyond what an 8-node trie alone gets
-            (benchmarks/smollm2-drafters-that-pay/zen4_bf16_session34/context_match).
-        ngram_match_min_length: the shortest match that makes a match cycle (default 2).
-        ngram_datastore_match_nodes: the same for a best continuation found only in the datastore (0: off). Off
-            in the shipped folders: there the drafter still adds 5-15% more accepted tokens, about what its
-            forward costs, and skipping it lost on fresh prompts (zen4_bf16_session33/match_cycles_ab).
-        ngram_cost_gate: decide each cycle by expected value instead of the copy/match-cycle rules above. Every
+            so copies get the long chains prompt lookup would draft while other cycles stay cheap;
+            under ``ngram_cost_gate``, the budget of a copy cycle's n-gram trie.
+        ngram_cost_gate: decide each cycle by expected value whether to run the drafter at all. Every
             cycle builds the n-gram trie as :class:`~hf_spec.NGramDrafter` would (up to ``ngram_copy_nodes``, else
             16, nodes to ``ngram_depth``, cut by this machine's measured verification cost); the drafter runs, its
             tree taking at least that trie's nodes as branches, only when the tokens it has added so far to tries
@@ -118,23 +99,12 @@ class EagleDrafterConfig(SpecDrafterConfig):
         ngram_depth: int | None = None,
         ngram_max_match: int = 4,
         ngram_copy_nodes: int = 0,
-        ngram_copy_skips_drafter: bool = False,
-        ngram_datastore_copy_nodes: int = 0,
-        ngram_match_nodes: int = 0,
-        ngram_match_min_length: int = 2,
-        ngram_datastore_match_nodes: int = 0,
         ngram_cost_gate: bool = False,
         **kwargs,
     ):
         self.ngram_branches = check_ngram_branches(ngram_branches)
         self.ngram_max_match = _suffix_length(ngram_max_match, "ngram_max_match")
         self.ngram_copy_nodes = check_ngram_branches(ngram_copy_nodes, "ngram_copy_nodes")
-        self.ngram_copy_skips_drafter = bool(ngram_copy_skips_drafter)
-        self.ngram_datastore_copy_nodes = check_ngram_branches(ngram_datastore_copy_nodes, "ngram_datastore_copy_nodes")
-        self.ngram_match_nodes = check_ngram_branches(ngram_match_nodes, "ngram_match_nodes")
-        self.ngram_match_min_length = _suffix_length(ngram_match_min_length, "ngram_match_min_length")
-        self.ngram_datastore_match_nodes = check_ngram_branches(ngram_datastore_match_nodes,
-                                                                "ngram_datastore_match_nodes")
         if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
             raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
         self.ngram_depth = ngram_depth
@@ -325,7 +295,7 @@ class EagleDrafter(SpecDrafterModel):
             past_key_values=past_key_values,
         )
 
-    # hf-spec:hub-begin -- the cost gate reads this machine's measured costs (hf_spec.tune); a remote-code drafter
+    # hf-spec:hub-begin -- the cost gate reads this machine's measured costs (hf_spec.verify_cost); a remote-code drafter
     # never drafts (generate() asks for hf-spec), so these lines are left out of it.
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         return self._with_cycle_gate(EagleDraftingSession(self, shape, do_sample, temperature, prompt_ids), target)
@@ -337,14 +307,12 @@ class EagleDrafter(SpecDrafterModel):
         target's measured verification costs."""
         if not (self.config.ngram_cost_gate and session.ngram_branches > 0 and target is not None):
             return session
-        from ..tune import verify_cost_curve
-
         key = (target.dtype, target.device)
         last = getattr(self, "_last_cycle_gate", None)
         if last is not None and last[0]() is target and last[1] == key:
             gate = last[2].carried_over()
         else:
-            gate = CycleGate(verify_cost_curve(target), session.gate_nodes())
+            gate = CycleGate(verify_cost.verify_cost_curve(target), session.gate_nodes())
         self._last_cycle_gate = (weakref.ref(target), key, gate)  # the session updates the gate in place
         session.gate = gate
         return session
@@ -403,7 +371,8 @@ class EagleDraftingSession(DraftingSession):
         self.prompt_ids = prompt_ids
         self._ngram = None
         self._deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
-        """Committed (features, tokens) of copy cycles that skipped the drafter, not yet in its cache."""
+        """Committed (features, tokens) of cycles that skipped the drafter (the cost gate's n-gram-only cycles), not
+        yet in its cache."""
         self.skipped_cycles = 0
         """Cycles that drafted the n-gram trie alone (no drafter forward)."""
         self.gate: CycleGate | None = None
@@ -434,11 +403,7 @@ class EagleDraftingSession(DraftingSession):
             config = self.drafter.config
             self._ngram = NGramBranches(self.prompt_ids, max_match=config.ngram_max_match,
                                         datastore=self.drafter.ngram_datastore,
-                                        copy_nodes=config.ngram_copy_nodes,
-                                        datastore_copy_nodes=config.ngram_datastore_copy_nodes,
-                                        match_nodes=config.ngram_match_nodes,
-                                        match_min_length=config.ngram_match_min_length,
-                                        datastore_match_nodes=config.ngram_datastore_match_nodes)  # fmt: skip
+                                        copy_nodes=config.ngram_copy_nodes)  # fmt: skip
         return self._ngram.extend(next_tokens)
 
     def graft_ngram(self, tree: DraftTree) -> DraftTree:
@@ -454,15 +419,14 @@ class EagleDraftingSession(DraftingSession):
         return tree
 
     def copy_or_commit(self, features: torch.Tensor, next_tokens: torch.Tensor):
-        """Index the committed tokens for the n-gram branches. On a copy cycle that skips the drafter
-        (``ngram_copy_skips_drafter``) return ``(n-gram tree, None, None)`` and keep the pairs for
-        later; else ``(None, features, next_tokens)`` with any kept pairs in front, for the drafter."""
+        """Index the committed tokens for the n-gram branches. On a cycle where the cost gate prefers the n-gram
+        trie alone (:meth:`_gated_tree`) return ``(n-gram tree, None, None)`` and keep the pairs for later; else
+        ``(None, features, next_tokens)`` with any kept pairs in front, for the drafter."""
         self._gated = None
         committed = self._index_ngrams(next_tokens)
-        if committed is not None:
-            if self.gate is not None:
-                self.gate.record_committed(committed)
-            copy = self._gated_tree(next_tokens[-1]) if self.gate is not None else self._copy_tree(next_tokens[-1])
+        if committed is not None and self.gate is not None:
+            self.gate.record_committed(committed)
+            copy = self._gated_tree(next_tokens[-1])
             if copy is not None:  # the drafter reads these pairs with the next drafted cycle's
                 self._deferred.append((features, next_tokens))
                 self.skipped_cycles += 1
@@ -472,18 +436,6 @@ class EagleDraftingSession(DraftingSession):
             next_tokens = torch.cat([*(t for _, t in self._deferred), next_tokens])
             self._deferred = []
         return None, features, next_tokens
-
-    def _copy_tree(self, root_token: torch.Tensor) -> DraftTree | None:
-        """With ``ngram_copy_skips_drafter``, the n-gram trie alone on a copy cycle; else None."""
-        config = self.drafter.config
-        if not (config.ngram_copy_skips_drafter and self._ngram.has_cycle_budgets):
-            return None
-        start = timing.clock(self.drafter.device)
-        depth = max(self.shape.depth, config.ngram_depth or 0)
-        budget = self._ngram.copy_budget(depth)
-        tree = self._ngram.tree(int(root_token), self.shape, budget, depth, root_token.device) if budget else None
-        self.forward_seconds += timing.clock(self.drafter.device) - start
-        return tree
 
     def gate_nodes(self) -> int:
         """Most nodes of the n-gram trie that :attr:`gate` weighs against drafting (``ngram_copy_nodes`` on a copy

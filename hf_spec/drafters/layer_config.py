@@ -11,6 +11,13 @@ from transformers import AutoConfig, PretrainedConfig
 
 from .. import compat
 
+_NOT_LAYER_FIELDS = {
+    "architectures", "auto_map", "quantization_config", "_name_or_path", "transformers_version", "dtype",
+    "torch_dtype", "model_type", "num_hidden_layers", "layer_types", "id2label", "label2id", "tie_word_embeddings",
+    "max_window_layers", "use_sliding_window", "_attn_implementation_autoset", "output_attentions",
+}  # fmt: skip
+"""Fields of a target's (or an EAGLE checkpoint's) config that a drafter's ``layer_config`` leaves out."""
+
 
 def decoder_layer_config(
     model_type: str,

@@ -49,10 +49,17 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import timing
+from ..shape_select import interpolate_cost
 from ..tree.dynamic import TreeShape
 from ..tree.tree import DraftTree
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .session import DraftingSession, check_ngram_branches
+
+# hf-spec:hub-begin -- this machine's measured verification costs size the trees (NGramDrafter.node_costs); a
+# remote-code drafter never drafts, so its copy leaves them out.
+from .. import verify_cost
+
+# hf-spec:hub-end
 
 
 class NGramIndex:
@@ -216,12 +223,10 @@ DEFAULT_DRAFT_BRANCHES = 4
 
 def relative_node_costs(verify_ms: dict[int, float], max_nodes: int, margin: float = COST_MARGIN) -> list[float]:
     """``[cost of a cycle verifying n draft nodes / cost of a one-token step for n in 0..max_nodes]`` from a
-    verification cost curve ``{tokens: ms}`` (:func:`hf_spec.tune.verify_cost_curve`; n draft nodes and the root
-    are n + 1 tokens), the increase over one token scaled by ``margin``: what :func:`scored_trie`'s size cut
-    weighs expected accepted tokens against. Flat where verifying more tokens is almost free (a GPU, a CPU with
+    verification cost curve ``{tokens: ms}`` (:func:`hf_spec.verify_cost.verify_cost_curve`; n draft nodes and
+    the root are n + 1 tokens), the increase over one token scaled by ``margin``: what :func:`scored_trie`'s size
+    cut weighs expected accepted tokens against. Flat where verifying more tokens is almost free (a GPU, a CPU with
     AMX), so the trees grow there; steeper on CPUs without AMX."""
-    from ..shape_select import interpolate_cost
-
     one = interpolate_cost(verify_ms, 1)
     return [1.0 + margin * (interpolate_cost(verify_ms, n + 1) - one) / one for n in range(max_nodes + 1)]
 
@@ -259,7 +264,7 @@ def ranked_continuations(index: NGramIndex, datastore, max_depth: int, max_occur
 
 
 def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int,
-                node_cost: float | Sequence[float] = 0.0, calibration: AcceptanceCalibration | None = None) -> TrieNodes:  # fmt: skip
+                node_cost: float | Sequence[float] = 0.0) -> TrieNodes:  # fmt: skip
     """The draft trie of ``continuations`` (longest match first) ranked by estimated acceptance probability.
 
     Every node u of the full trie (``max_depth`` deep) gets q(u) = share * :func:`match_acceptance` (L + depth - 1),
@@ -272,9 +277,8 @@ def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int
     ties: shallower, then more recent) are taken best first; with a ``node_cost`` only the first n of them are
     kept, n maximizing (1 + expected accepted tokens) / cost(n), cost(n) being what a cycle verifying n draft
     nodes costs relative to a one-token decoding step: 1 + c * n for a number c (0: no cut), ``node_cost[n]`` for
-    a sequence (:func:`relative_node_costs`; its last value past its end), the expected tokens counted with a
-    ``calibration``'s measured acceptance when given. So a cycle drafts deep where the text is being copied and
-    little or nothing where no occurrence is likely to be followed."""
+    a sequence (:func:`relative_node_costs`; its last value past its end). So a cycle drafts deep where the text
+    is being copied and little or nothing where no occurrence is likely to be followed."""
     # Best first: a node's probability is at most its parent's, so only the children of kept nodes are scored (a
     # heap of candidates), each from the continuations through its parent, never the whole trie.
     conts = list(continuations)
@@ -329,8 +333,7 @@ def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int
         if depth_of[i] < max_depth:
             push_children(i, members[i], depth_of[i], probability[i])
     if not isinstance(node_cost, (int, float)) or node_cost > 0:
-        estimates = [probability[i] for i in kept]
-        kept = kept[:best_size(calibration.calibrated(estimates) if calibration else estimates, node_cost)]
+        kept = kept[:best_size([probability[i] for i in kept], node_cost)]
     rank = {node: r for r, node in enumerate(kept)}
     bfs = sorted(kept, key=lambda i: (depth_of[i], rank[i]))
     new_index = {old: new for new, old in enumerate(bfs)}
@@ -343,49 +346,6 @@ def scored_trie(continuations, num_nodes: int, max_depth: int, max_branches: int
         ranks=[rank[i] for i in bfs],
         probabilities=[probability[i] for i in bfs],
     )
-
-
-class AcceptanceCalibration:
-    """This generation's measured acceptance of verified n-gram nodes against :func:`scored_trie`'s estimates, per
-    band of estimate (:attr:`BAND_EDGES`): the size cut weighs each node at its estimate x its band's measured /
-    estimated acceptance (a prior of :attr:`PRIOR` estimated tokens agreeing with the model). The acceptance model
-    was fitted on SmolLM2's answers to four data sets; a text it fits worse (a maths answer whose corpus
-    continuations are rarely followed) gets smaller trees within a few cycles. Greedy: a verified node is accepted
-    exactly when the committed tokens follow its path. Past cycles only: sampling stays exact. Opt-in
-    (``NGramDrafter(calibrate=True)``): held out, it helped GSM8K in float32 but not overall."""
-
-    BAND_EDGES = (0.1, 0.25, 0.5, 0.75)
-    PRIOR = 2.0
-
-    def __init__(self):
-        bands = len(self.BAND_EDGES) + 1
-        self._estimated, self._accepted = [0.0] * bands, [0.0] * bands
-        self._factors = [1.0] * bands
-
-    def _band(self, probability: float) -> int:
-        return sum(probability >= edge for edge in self.BAND_EDGES)
-
-    def calibrated(self, probabilities: Sequence[float]) -> list[float]:
-        """``probabilities`` (estimates) times their bands' measured / estimated acceptance."""
-        return [p * self._factors[self._band(p)] for p in probabilities]
-
-    def record(self, trie: TrieNodes, committed: Sequence[int]) -> None:
-        """A verified ``trie`` (its nodes' estimates) and the tokens that cycle committed (accepted + the target's)."""
-        if trie.probabilities is None or not len(trie):
-            return
-        children = {(trie.parents[i], trie.tokens[i]): i for i in range(len(trie))}
-        accepted, node = set(), -1
-        for token in committed:
-            node = children.get((node, token))
-            if node is None:
-                break
-            accepted.add(node)
-        for i, p in enumerate(trie.probabilities):
-            band = self._band(p)
-            self._estimated[band] += p
-            self._accepted[band] += i in accepted
-        for band in range(len(self._factors)):
-            self._factors[band] = (self._accepted[band] + self.PRIOR) / (self._estimated[band] + self.PRIOR)
 
 
 def best_size(probabilities: Sequence[float], node_cost: float | Sequence[float]) -> int:
@@ -509,22 +469,12 @@ def graft_trie(tree: DraftTree, trie: TrieNodes, max_new: int | None = None) -> 
     )
 
 
-def copy_budget(first: Continuation | None, max_match: int, copy_nodes: int, datastore_copy_nodes: int = 0,
-                match_nodes: int = 0, match_min_length: int = 2, datastore_match_nodes: int = 0) -> int:  # fmt: skip
-    """Nodes to draft if the best continuation ``first`` makes this a copy cycle, else 0: its match covers the
-    whole ``max_match``-token suffix, in the context (``copy_nodes``) or in a datastore (``datastore_copy_nodes``).
-    A shorter match of at least ``match_min_length`` tokens (or a full one whose copy budget is 0) is a *match
-    cycle*: ``match_nodes`` when it is in the context, ``datastore_match_nodes`` when only the datastore has it
-    (0: not a match cycle)."""
-    if first is None:
+def copy_budget(first: Continuation | None, max_match: int, copy_nodes: int) -> int:
+    """Nodes to draft if the best continuation ``first`` makes this a copy cycle, else 0: it is in the context and
+    its match covers the whole ``max_match``-token suffix (``copy_nodes``; 0: no copy cycles)."""
+    if first is None or first.position < 0 or first.match_length < max_match:
         return 0
-    in_context = first.position >= 0
-    if first.match_length >= max_match:
-        budget = copy_nodes if in_context else datastore_copy_nodes
-        if budget:
-            return budget
-    budget = match_nodes if in_context else datastore_match_nodes
-    return budget if budget and first.match_length >= match_min_length else 0
+    return copy_nodes
 
 
 @dataclass
@@ -623,8 +573,6 @@ class CycleGate:
     this many cycles (and the drafting time as at most this many drafted cycles), so it keeps adapting."""
 
     def __init__(self, verify_ms: dict[int, float], max_nodes: int, prior_gain: float = 1.0):
-        from ..shape_select import interpolate_cost
-
         self.node_costs = relative_node_costs(verify_ms, max_nodes)
         self._cost_curve = dict(enumerate(self.node_costs))  # relative cost by node count, for interpolate_cost
         self.step_ms = interpolate_cost(verify_ms, 1)
@@ -644,8 +592,6 @@ class CycleGate:
 
     def _cost(self, nodes: float) -> float:
         """Relative cost of verifying ``nodes`` (a mean, so fractional) nodes; past ``max_nodes`` extended linearly."""
-        from ..shape_select import interpolate_cost
-
         return interpolate_cost(self._cost_curve, nodes)
 
     def carried_over(self) -> CycleGate:
@@ -765,16 +711,11 @@ class NGramBranches:
     """
 
     def __init__(self, prompt_ids: torch.Tensor, max_match: int = 4, min_match: int = 1, max_occurrences: int = 16,
-                 datastore=None, copy_nodes: int = 0, datastore_copy_nodes: int = 0, match_nodes: int = 0,
-                 match_min_length: int = 2, datastore_match_nodes: int = 0):  # fmt: skip
+                 datastore=None, copy_nodes: int = 0):  # fmt: skip
         self.max_occurrences = max_occurrences
         self.datastore = datastore
-        self.copy_nodes, self.datastore_copy_nodes = copy_nodes, datastore_copy_nodes
-        self.match_nodes, self.match_min_length = match_nodes, match_min_length
-        self.datastore_match_nodes = datastore_match_nodes
-        """The cycle budgets of :func:`copy_budget`: the hybrid's ``ngram_copy_nodes``,
-        ``ngram_datastore_copy_nodes``, ``ngram_match_nodes``, ``ngram_match_min_length`` and
-        ``ngram_datastore_match_nodes``."""
+        self.copy_nodes = copy_nodes
+        """The copy-cycle budget of :func:`copy_budget`: the hybrid's ``ngram_copy_nodes``."""
         self.index = NGramIndex(min_match, max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
         self._scanned: tuple[int, int, list[Continuation]] | None = None
@@ -795,28 +736,14 @@ class NGramBranches:
             self._scanned = (length, depth, ranked_continuations(self.index, self.datastore, depth, self.max_occurrences))
         return iter(self._scanned[2])
 
-    @property
-    def has_cycle_budgets(self) -> bool:
-        """Whether any cycle can be a copy or match cycle: some budget of :func:`copy_budget` is set."""
-        return bool(self.copy_nodes or self.datastore_copy_nodes or self.match_nodes or self.datastore_match_nodes)
-
     def copy_budget(self, depth: int) -> int:
         """Nodes to draft on this cycle if it is a copy, else 0. A copy: the context repeats its whole
-        ``max_match``-token suffix (the answer is copying earlier text; ``copy_nodes``), or, with
-        ``datastore_copy_nodes`` > 0, the datastore does (a phrase the target wrote before; its own
-        budget, as corpus continuations branch more than a copied passage); with ``match_nodes`` (context) or
-        ``datastore_match_nodes`` (datastore only), a match of ``match_min_length`` tokens or more is a match
-        cycle (:func:`copy_budget`). A function of the committed text only."""
+        ``max_match``-token suffix (the answer is copying earlier text; ``copy_nodes``; :func:`copy_budget`).
+        A function of the committed text only."""
         return self._copy_budget(next(self.continuations(depth), None))
 
     def _copy_budget(self, first: Continuation | None) -> int:
-        return copy_budget(first, self.index.max_match, self.copy_nodes, self.datastore_copy_nodes, self.match_nodes,
-                           self.match_min_length, self.datastore_match_nodes)  # fmt: skip
-
-    def tree(self, root_token: int, shape: TreeShape, num_nodes: int, depth: int, device=None) -> DraftTree:
-        """The n-gram trie alone under ``root_token`` (no drafter nodes): up to ``num_nodes`` nodes to
-        ``depth``, ``shape.top_k`` branches per node; every drafted node is marked ``from_ngram``."""
-        return self.trie_tree(root_token, self.sized_trie(num_nodes, depth, 0.0, shape.top_k), device)[0]
+        return copy_budget(first, self.index.max_match, self.copy_nodes)
 
     def sized_trie(self, num_nodes: int, depth: int, node_cost: float | Sequence[float],
                    max_branches: int = DEFAULT_DRAFT_BRANCHES) -> TrieNodes:  # fmt: skip
@@ -834,8 +761,8 @@ class NGramBranches:
 
     def graft(self, tree: DraftTree, shape: TreeShape, branches: int, sample: bool, depth: int | None = None) -> DraftTree:
         """``tree`` with up to ``branches`` n-gram nodes grafted (``shape``: branching, and depth unless
-        ``depth`` reaches deeper); on a copy or match cycle (:meth:`copy_budget`) up to that cycle's budget if
-        larger. The budget depends on the committed text only."""
+        ``depth`` reaches deeper); on a copy cycle (:meth:`copy_budget`) up to the copy budget if larger. The
+        budget depends on the committed text only."""
         if branches <= 0:
             return tree
         depth = max(shape.depth, depth or 0)
@@ -868,16 +795,12 @@ class NGramDrafterConfig(SpecDrafterConfig):
             The hybrid drafters' ``ngram_copy_nodes`` for the n-gram drafter alone.
         copy_depth: deepest node on a copy cycle (None: ``max(copy_nodes, max_depth)``).
         node_cost: how a cycle's tree is sized. None (default): from this machine's measured verification cost
-            of 1-64 tokens on the target (:func:`hf_spec.tune.verify_cost_curve`, timed once in a few seconds and
+            of 1-64 tokens on the target (:func:`hf_spec.verify_cost.verify_cost_curve`, timed once in a few seconds and
             cached; :func:`relative_node_costs`), so the trees grow where verifying more tokens is almost free (a
             GPU, a CPU with AMX) and shrink where it is not. A number c: every verified node costs c one-token
             decoding steps (0.035 suits SmolLM2-135M bf16 on a 2-core Zen 4). Each cycle keeps the best-first
             prefix of its tree that maximizes (1 + expected accepted tokens) / cost (:func:`scored_trie`); 0: always
             ``num_draft_tokens`` nodes.
-        calibrate: weigh each node, when sizing a tree, at its estimated acceptance corrected by how often this
-            generation's earlier verified nodes of similar estimate were accepted (:class:`AcceptanceCalibration`).
-            Default False: on held-out SmolLM2-135M prompts (AMX Xeon, session 40) it gained in float32 on
-            GSM8K (+3.6%) and HumanEval (+2%) but lost on code edits (-2.4%), 1.005x overall, and 0.98x in bf16.
     """
 
     model_type = "hf_spec_ngram"
@@ -885,8 +808,7 @@ class NGramDrafterConfig(SpecDrafterConfig):
 
     def __init__(self, max_match: int = 4, min_match: int = 1, num_draft_tokens: int | None = None,
                  max_depth: int | None = None, max_branches: int | None = None, max_occurrences: int = 16,
-                 copy_nodes: int = 0, copy_depth: int | None = None, node_cost: float | None = None,
-                 calibrate: bool = False, **kwargs):  # fmt: skip
+                 copy_nodes: int = 0, copy_depth: int | None = None, node_cost: float | None = None, **kwargs):  # fmt: skip
         kwargs["tree_total_tokens"] = (num_draft_tokens if num_draft_tokens is not None
                                        else kwargs.get("tree_total_tokens", DEFAULT_DRAFT_NODES))  # fmt: skip
         kwargs["tree_depth"] = max_depth if max_depth is not None else kwargs.get("tree_depth", DEFAULT_DRAFT_DEPTH)
@@ -907,9 +829,6 @@ class NGramDrafterConfig(SpecDrafterConfig):
             raise ValueError(f"node_cost must be None (this machine's measured costs), or a finite number >= 0 "
                              f"(0: always draft num_draft_tokens nodes), got {node_cost!r}.")  # fmt: skip
         self.node_cost = None if node_cost is None else float(node_cost)
-        if not isinstance(calibrate, bool):
-            raise ValueError(f"calibrate must be True or False, got {calibrate!r}.")
-        self.calibrate = calibrate
         super().__init__(**kwargs)
 
     @property
@@ -962,7 +881,7 @@ class NGramDrafter(SpecDrafterModel):
         shape = super().tree_shape(depth, top_k, total_tokens)
         return NGramTreeShape(depth=shape.depth, top_k=shape.top_k, total_tokens=shape.total_tokens)
 
-    # hf-spec:hub-begin -- sizing by this machine's measured costs (hf_spec.tune) needs hf_spec itself; a
+    # hf-spec:hub-begin -- sizing by this machine's measured costs (hf_spec.verify_cost) needs hf_spec itself; a
     # remote-code drafter never drafts (generate() asks for hf-spec), so these lines are left out of it.
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         if prompt_ids is None:
@@ -979,9 +898,7 @@ class NGramDrafter(SpecDrafterModel):
             return self.config.node_cost
         if target is None:
             return FALLBACK_NODE_COST
-        from ..tune import verify_cost_curve
-
-        return relative_node_costs(verify_cost_curve(target), max_nodes)
+        return relative_node_costs(verify_cost.verify_cost_curve(target), max_nodes)
 
     # hf-spec:hub-end
 
@@ -1004,24 +921,18 @@ class NGramDraftingSession(DraftingSession):
         self.index = NGramIndex(config.min_match, config.max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
         self.forward_seconds = 0.0
-        self.calibration = AcceptanceCalibration() if config.calibrate else None
-        self._verified: TrieNodes | None = None
 
     def propose(self, features: torch.Tensor | None, next_tokens: torch.Tensor) -> DraftTree:
         """Index ``next_tokens`` and draft the trie of continuations under ``next_tokens[-1]``."""
         start = timing.clock(next_tokens.device)
-        committed = next_tokens.tolist()
-        self.index.extend(committed)
-        if self._verified is not None:
-            self.calibration.record(self._verified, committed)
+        self.index.extend(next_tokens.tolist())
         shape = self.shape
         longest = self.copy_depth if self.copy_nodes else shape.depth  # continuations long enough for a copy
         continuations = ranked_continuations(self.index, self.datastore, longest, self.max_occurrences)
         first = continuations[0] if continuations else None
         copy = copy_budget(first, self.index.max_match, self.copy_nodes)  # 0 unless the context repeats its suffix
         nodes, depth = (max(shape.total_tokens, copy), longest) if copy else (shape.total_tokens, shape.depth)
-        trie = scored_trie(continuations, nodes, depth, shape.top_k, self.node_cost, self.calibration)
-        self._verified = trie if self.calibration is not None else None
+        trie = scored_trie(continuations, nodes, depth, shape.top_k, self.node_cost)
         tree = trie_to_draft_tree(int(next_tokens[-1]), trie, device=next_tokens.device)
         self.forward_seconds += timing.clock(next_tokens.device) - start
         return tree

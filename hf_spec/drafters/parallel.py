@@ -202,7 +202,7 @@ class ParallelDraftingSession(EagleDraftingSession):
 
     def _draft(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
         """Commit the pairs and draft a static tree rooted at ``next_tokens[-1]`` (+ n-gram branches); the
-        inherited :meth:`propose` handles copy cycles and the cost gate."""
+        inherited :meth:`propose` handles the cost gate (cycles of the n-gram trie alone)."""
         logq = self.draft_distributions(features, next_tokens)
         tree = build_static_tree(int(next_tokens[-1]), logq, self.shape.widths, self.do_sample,
                                  total_tokens=self.shape.total_tokens)  # fmt: skip

@@ -54,12 +54,3 @@ class DraftingSession:
     def record(self, stats) -> None:
         """Add this session's counters to its row's :class:`~hf_spec.stats.GenerationStats` at the end of a call."""
         stats.drafter_forward_seconds += self.forward_seconds
-
-
-class TargetOnlySession(DraftingSession):
-    """Drafts nothing: every tree is its root alone, so each cycle is one target step (plain greedy or
-    sampling through the same loop, exact by construction). The loop uses it when this machine's costs
-    predict that even the drafter's cheapest tree is slower than a plain step (:mod:`hf_spec.shape_select`)."""
-
-    def propose(self, features: torch.Tensor | None, next_tokens: torch.Tensor) -> DraftTree:
-        return DraftTree.chain(next_tokens[-1], next_tokens.new_empty(0))

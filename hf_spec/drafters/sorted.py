@@ -81,8 +81,8 @@ from ..stats import EarlyExitStats
 from ..tree.dynamic import TreeShape, draw_candidates
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
-from .eagle import _NOT_LAYER_FIELDS, DECODER_LAYERS
-from .layer_config import decoder_layer_config
+from .eagle import DECODER_LAYERS
+from .layer_config import _NOT_LAYER_FIELDS, decoder_layer_config
 from .session import DraftingSession
 
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -815,7 +815,11 @@ class SortedDraftingSession(DraftingSession):
 
     def record(self, stats) -> None:
         super().record(stats)
-        stats.early_exits = EarlyExitStats(list(self.exit_counts), self.layer_calls, self.head_calls)
+        mine = EarlyExitStats(list(self.exit_counts), self.layer_calls, self.head_calls)
+        if stats.early_exits is None:
+            stats.early_exits = mine
+        else:  # another session of the same row (another arm of the speed controller)
+            stats.early_exits.add(mine)
 
     def _run_segment(self, s: int, hidden: torch.Tensor) -> torch.Tensor:
         """Segment s over ``hidden`` (n, H), the inputs of positions done[s].. ; returns outputs (n, H)."""
@@ -987,7 +991,7 @@ def search_thresholds(
             for prompt in prompts:
                 start = timing.clock(drafter.device)
                 target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens,
-                                **generate_kwargs)  # fmt: skip
+                                speed_controller=False, **generate_kwargs)  # these thresholds, every cycle
                 seconds += timing.clock(drafter.device) - start
                 stats = drafter.last_generation_stats
                 exits = stats.early_exits

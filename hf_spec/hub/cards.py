@@ -38,6 +38,9 @@ import os
 from importlib import resources
 from pathlib import Path
 
+from ..drafters.registry import drafter_classes
+from ..version import __version__
+
 TEMPLATE_SUFFIX = ".md.j2"
 BENCH_SCHEMA_ID = "hf-spec-bench/1"
 PROVENANCE_FIELDS = ("machine", "date", "command", "baseline")
@@ -153,8 +156,6 @@ def _to_yaml(value) -> str:
 
 def card_context(config, *, bench_results=None, training_info: dict | None = None, model_name: str | None = None) -> dict:
     """Every value a card template reads, from the drafter config + results + training metadata."""
-    from .. import DRAFTER_CLASSES
-
     method = getattr(config, "resolved_training_method", None) or getattr(config, "training_method", None)
     if method is None:
         raise ValueError(f"{type(config).__name__} has no training_method and no family default; set config.training_method.")
@@ -165,9 +166,7 @@ def card_context(config, *, bench_results=None, training_info: dict | None = Non
     training_info = dict(training_info or {})
     bench = load_bench_results(bench_results)
     model_name = model_name or "hf-spec-drafter"
-    model_class = DRAFTER_CLASSES[config.model_type][1].__name__ if config.model_type in DRAFTER_CLASSES else None
-    if model_class is None:
-        raise ValueError(f"{config.model_type!r} is not a registered hf-spec drafter type ({sorted(DRAFTER_CLASSES)}).")
+    model_class = drafter_classes(config.model_type)[1].__name__
     datasets = training_info.pop("datasets", None)
     if isinstance(datasets, str):
         datasets = [datasets]
@@ -203,7 +202,7 @@ def card_context(config, *, bench_results=None, training_info: dict | None = Non
         "results": bench["results"] if bench else [],
         "model_index": _model_index(model_name, bench["results"]) if bench else None,
         "dataset_names": DATASET_NAMES,
-        "hf_spec_version": __import__("hf_spec").__version__,
+        "hf_spec_version": __version__,
     }
 
 

@@ -43,6 +43,8 @@ from pathlib import Path
 import torch
 
 from .. import compat
+from ..drafters.layer_config import _NOT_LAYER_FIELDS
+from ..drafters.registry import drafter_classes
 
 HF_SPEC = "hf_spec"
 EAGLE = "eagle"
@@ -61,6 +63,9 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _IGNORED_EAGLE_KEYS = ("embed_tokens.weight",)
 _IGNORED_EAGLE3_PREFIXES = ("embed_tokens.", "verifier_")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download")
+EAGLE_MODEL_TYPE, EAGLE3_MODEL_TYPE = "hf_spec_eagle", "hf_spec_eagle3"
+"""The families external checkpoints convert to. Their classes come from :mod:`hf_spec.drafters.registry` by
+``model_type``: this module never imports the drafter modules, whose ``from_pretrained`` calls it."""
 
 
 class UnsupportedLayoutError(ValueError):
@@ -162,8 +167,6 @@ def eagle_layer_config(eagle_config: dict, qkv_bias: bool) -> dict:
     layer with q/k/v biases) when the checkpoint's q/k/v projections carry biases."""
     from transformers import LlamaConfig
 
-    from ..drafters.eagle import _NOT_LAYER_FIELDS
-
     fields = {k: v for k, v in eagle_config.items() if k not in ("bias", "qkv_bias", "head_dim", "model_type")}
     llama = LlamaConfig(**fields)  # defaults as EAGLE's own config class: rope_theta 10000, no scaling
     layer_config = {k: v for k, v in llama.to_dict().items() if k not in _NOT_LAYER_FIELDS}
@@ -207,8 +210,7 @@ def convert_eagle(
         name_or_path: the target's name recorded in the config (default: the target config's).
         source: where the checkpoint came from, recorded in ``config.converted_from`` (default: ``path``).
     """
-    from ..drafters.eagle import EagleDrafter, EagleDrafterConfig
-
+    EagleDrafterConfig, EagleDrafter = drafter_classes(EAGLE_MODEL_TYPE)
     path = Path(path)
     if detect_layout(path) != EAGLE:
         raise ValueError(f"{str(path)!r} is an hf-spec checkpoint, not an EAGLE one. Fix: use from_pretrained.")
@@ -277,8 +279,7 @@ def convert_eagle3(
 ):
     """An :class:`~hf_spec.Eagle3Drafter` from an EAGLE-3 or speculators ``eagle3`` checkpoint directory;
     arguments as :func:`convert_eagle`."""
-    from ..drafters.eagle3 import Eagle3Drafter, Eagle3DrafterConfig
-
+    Eagle3DrafterConfig, Eagle3Drafter = drafter_classes(EAGLE3_MODEL_TYPE)
     path = Path(path)
     layout = detect_layout(path)
     if layout not in (EAGLE3, SPECULATORS_EAGLE3):
@@ -391,9 +392,7 @@ class AutoDrafter:
         layout, path = resolve(name_or_path, **hub_kwargs)
         if layout in CONVERTERS:
             return CONVERTERS[layout][1](path, target, target_config, source=str(name_or_path), **kwargs)
-        from transformers import AutoModel
-
-        import hf_spec  # noqa: F401  (registers the drafter classes with AutoModel)
+        from transformers import AutoModel  # the drafter classes are registered with it (hf_spec.drafters)
 
         drafter = AutoModel.from_pretrained(str(path or name_or_path), **hub_kwargs, **kwargs)
         return drafter.bind(target) if target is not None else drafter

@@ -50,6 +50,8 @@ import json
 import os
 from pathlib import Path
 
+from ..version import __version__
+
 ENTRY_MODULE = "modeling_hf_spec"
 """Name (without .py) of the entry module the ``auto_map`` points to."""
 
@@ -251,8 +253,6 @@ def _hf_spec_class(cls: type) -> type:
 
 def remote_code_files(model_class: type, config_class: type) -> dict[str, str]:
     """{file name: source} of the remote-code set for a drafter family (entry module included)."""
-    from .. import __version__
-
     model_class, config_class = _hf_spec_class(model_class), _hf_spec_class(config_class)
     modules = module_closure([model_class.__module__, config_class.__module__])
     files = {}

@@ -1,0 +1,198 @@
+"""The online speed controller: which arm each decoding cycle uses, from this process's own measured cycles.
+
+An *arm* is one way to run a cycle. Arm 0 is always **plain**: no draft, one target step through the same
+loop (exact by construction, and as fast as plain ``generate()``). Arms 1..n are the drafter's tree shapes
+(with their n-gram budgets), ordered by how many nodes they verify, so they form a *ladder* from cheap to
+costly. Speed along the ladder is close to unimodal: more nodes buy more accepted tokens until verification
+and drafting cost more than they buy.
+
+What the controller measures is what a user feels: wall seconds per committed token, for each arm, from the
+cycles that arm ran (the loop reports each cycle's wall time and committed tokens). Estimates are ratios of
+exponentially discounted sums (half-life :attr:`SpeedController.half_life` cycles of the whole run, so an old
+measurement fades whether or not its arm runs again: the machine's speed drifts and an answer moves from prose
+to code).
+
+The policy is a hill climb with probes:
+
+- it *exploits* one arm (``current``); every so often it *probes* a neighbour on the ladder (one rung cheaper
+  or costlier, or plain, which bounds the worst case, from any rung) for a few cycles, until the probe has committed ``probe_tokens`` tokens (at most
+  ``max_probe_cycles`` cycles);
+- after a probe it moves to the neighbour when that measured faster per token by more than ``margin``; else it
+  waits twice as long before probing that neighbour again (up to ``max_interval`` cycles), so exploration is
+  bounded: after it converges, probes cost a few per cent of the cycles at most, and a drafter that pays
+  nothing costs about that against plain;
+- the first cycle after a switch is not measured (it carries the catch-up work of an arm that had not run:
+  its drafter reads the committed tokens it missed), nor the first cycle of a call (the drafter reads the
+  prompt).
+
+Nothing is cached on disk and nothing is final: the controller lives as long as the process, one per
+(drafter, target, device, dtype, threads, batch size class, sampling) (:func:`controller_for`), and keeps
+probing. Its choices change speed only: every arm's trees are verified exactly, and the choice of the next
+cycle's arm depends on past cycles only, so greedy output stays identical to plain ``generate()`` and sampled
+output keeps the target's distribution, whenever the arm changes.
+
+This module is at the bottom of the package: it imports nothing from hf_spec, and the loop
+(:mod:`hf_spec.decoding`) feeds it numbers, so it is tested on a fake clock.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+__all__ = ["SpeedController", "controller_for"]
+
+
+@dataclass
+class _Estimate:
+    """Discounted sums of one arm's measured cycles."""
+
+    seconds: float = 0.0
+    tokens: float = 0.0
+    cycles: int = 0
+
+    def decay(self, factor: float) -> None:
+        self.seconds *= factor
+        self.tokens *= factor
+
+    @property
+    def seconds_per_token(self) -> float | None:
+        return self.seconds / self.tokens if self.tokens > 0 else None
+
+
+@dataclass
+class SpeedController:
+    """Chooses the arm of each cycle on a ladder of ``len(labels)`` arms (arm 0: plain, no draft).
+
+    The loop calls :meth:`start_call` once per ``generate()`` call, :meth:`choose` before each cycle and
+    :meth:`record` after it with the cycle's wall seconds and committed tokens (all rows). ``start``: the arm
+    to exploit first (the prior, e.g. the drafter's configured shape). See the module docstring for the policy.
+    """
+
+    labels: list[str]
+    start: int = 1
+    half_life: float = 64.0
+    """Cycles (of the whole run, any arm) after which a measurement weighs half."""
+    probe_tokens: int = 6
+    """A probe lasts until it has committed this many tokens…"""
+    max_probe_cycles: int = 6
+    """…or this many measured cycles."""
+    first_interval: int = 8
+    """Exploited cycles before the first probe of a neighbour (and again after a move)."""
+    max_interval: int = 512
+    """Longest wait between probes of one neighbour (the wait doubles after each failed probe)…"""
+    close_interval: int = 64
+    """…but stays at most this for a neighbour that measured within ``close`` of the exploited arm."""
+    close: float = 0.25
+    drift: float = 0.15
+    """A neighbour is probed at once when the exploited arm's time per token has moved this much (either way)
+    since that neighbour's last failed probe: the machine or the text changed."""
+    margin: float = 0.02
+    """A neighbour must measure this much faster per token to be moved to (noise guard)."""
+    current: int = field(init=False)
+    cycle: int = field(init=False, default=0)
+    moves: int = field(init=False, default=0)
+    probes: int = field(init=False, default=0)
+
+    def __post_init__(self):
+        if not self.labels:
+            raise ValueError("A speed controller needs at least one arm.")
+        if not 0 <= self.start < len(self.labels):
+            raise ValueError(f"start={self.start} is not an arm of {len(self.labels)}.")
+        self.current = self.start
+        self._estimates = [_Estimate() for _ in self.labels]
+        self._interval = [self.first_interval] * len(self.labels)
+        self._due = [self.first_interval] * len(self.labels)
+        self._reference: list[float | None] = [None] * len(self.labels)  # ours when each neighbour's probe failed
+        self._probe: int | None = None
+        self._probe_cycles = 0
+        self._probe_tokens = 0.0
+        self._last: int | None = None  # arm of the last cycle (None: none yet in this call)
+        self._decay = 0.5 ** (1.0 / self.half_life)
+
+    # -- the loop's side ---------------------------------------------------------------------------
+    def start_call(self) -> None:
+        """A new ``generate()`` call: its first cycle is not measured (the drafter reads the prompt)."""
+        self._last = None
+
+    def choose(self) -> int:
+        """The arm of the next cycle."""
+        if self._probe is None and len(self.labels) > 1:
+            ours = self._estimates[self.current].seconds_per_token
+            for n in self._neighbours():
+                reference = self._reference[n]
+                if ours is not None and reference is not None and abs(ours / reference - 1.0) > self.drift:
+                    self._due[n], self._reference[n] = self.cycle, None
+            due = [n for n in self._neighbours() if self.cycle >= self._due[n]]
+            if due and ours is not None:
+                self._probe = min(due, key=lambda n: self._due[n])
+                self._probe_cycles, self._probe_tokens = 0, 0.0
+                self.probes += 1
+        return self._probe if self._probe is not None else self.current
+
+    def record(self, arm: int, seconds: float, tokens: int) -> None:
+        """One finished cycle of ``arm``: its wall ``seconds`` and the tokens it committed (every row)."""
+        measured = self._last == arm
+        self._last = arm
+        self.cycle += 1
+        for estimate in self._estimates:
+            estimate.decay(self._decay)
+        if measured and tokens > 0:
+            estimate = self._estimates[arm]
+            estimate.seconds += seconds
+            estimate.tokens += tokens
+            estimate.cycles += 1
+        if self._probe is not None and arm == self._probe:
+            if measured:
+                self._probe_cycles += 1
+                self._probe_tokens += tokens
+            if self._probe_tokens >= self.probe_tokens or self._probe_cycles >= self.max_probe_cycles:
+                self._end_probe()
+
+    # -- policy ------------------------------------------------------------------------------------
+    def _neighbours(self) -> list[int]:
+        """The rungs next to the exploited one, and plain (arm 0), which bounds the worst case, from anywhere."""
+        return sorted({n for n in (0, self.current - 1, self.current + 1) if 0 <= n < len(self.labels)} - {self.current})
+
+    def _end_probe(self) -> None:
+        probe, self._probe = self._probe, None
+        theirs = self._estimates[probe].seconds_per_token
+        ours = self._estimates[self.current].seconds_per_token
+        if theirs is not None and (ours is None or theirs < ours * (1.0 - self.margin)):
+            left, self.current = self.current, probe
+            self.moves += 1
+            for n in self._neighbours():  # look further the same way soon; back where it came from later
+                self._interval[n] = self.first_interval * (2 if n == left else 1)
+                self._due[n], self._reference[n] = self.cycle + self._interval[n], None
+        else:
+            close = theirs is not None and ours is not None and theirs < ours * (1.0 + self.close)
+            self._interval[probe] = min(2 * self._interval[probe], self.close_interval if close else self.max_interval)
+            self._due[probe], self._reference[probe] = self.cycle + self._interval[probe], ours
+
+    # -- what it did -------------------------------------------------------------------------------
+    def ms_per_token(self) -> dict[str, float | None]:
+        """Current estimate per arm (milliseconds per committed token; None: not measured lately)."""
+        out = {}
+        for label, estimate in zip(self.labels, self._estimates):
+            value = estimate.seconds_per_token
+            out[label] = None if value is None else round(1000.0 * value, 3)
+        return out
+
+    def summary(self) -> dict:
+        """The controller's state as plain data (what ``last_generation_stats.controller`` reports)."""
+        return {"arms": list(self.labels), "current": self.labels[self.current], "cycles": self.cycle,
+                "probes": self.probes, "moves": self.moves, "ms_per_token": self.ms_per_token()}  # fmt: skip
+
+
+_CONTROLLERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def controller_for(owner, key: tuple, labels: list[str], start: int) -> SpeedController:
+    """The process's controller for ``owner`` (the drafter; weakly held) and ``key`` (what its costs depend on:
+    target, device, dtype, threads, batch size class, sampling), created on first use; a new one when the arms
+    differ (the drafter's candidates changed)."""
+    mine = _CONTROLLERS.setdefault(owner, {})
+    controller = mine.get(key)
+    if controller is None or controller.labels != list(labels):
+        controller = mine[key] = SpeedController(list(labels), start=start)
+    return controller

@@ -1,0 +1,145 @@
+"""What verification costs on this machine: one target forward of ``n`` tree tokens, by ``n``.
+
+:func:`measure_verify_cost` times it: one target forward of ``n`` tree tokens (tree mask, tree positions) on a
+cached prefix, followed by the target's LM head over all ``n`` rows (verification computes every node's logits in
+one matmul), median of repeats, for each ``n`` asked for.
+
+:func:`verify_cost_curve` is that curve for a target at :data:`VERIFY_CURVE_SIZES`, measured once (a few seconds
+on a CPU) and cached in this process and in ``$HF_SPEC_CACHE/verify_costs/``. It depends on the machine, threads,
+device, dtype and the target's shape, not on any drafter: drafters that size their trees per cycle
+(:class:`~hf_spec.NGramDrafter`, the n-gram cost gate) weigh a node's acceptance against it, and ``hf-spec tune``
+predicts shapes with it.
+
+The bottom of the house: this module imports only compat, cache, tree, timing, resources, hardware and the pure
+curve helpers of :mod:`hf_spec.shape_select` — never a drafter, the decoding loop or the bench.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from . import compat
+from .cache import crop_to
+from .hardware import cpu_flags, machine_info
+from .resources import cache_dir
+from .shape_select import non_decreasing
+from .timing import timed
+from .tree.tree import DraftTree
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CACHE_FORMAT", "VERIFY_CURVE_SIZES", "measure_verify_cost", "verify_cost_curve"]
+
+CACHE_FORMAT = 3
+"""Version of a cached curve's JSON (2: 7 timed rounds on a 256-token prefix, made non-decreasing; 3: verification
+timed as decoding now runs it on a CPU, masked GQA attention without repeated key/value heads). A cached curve of
+another format is measured again."""
+VERIFY_CURVE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+"""Tree sizes whose verification cost :func:`verify_cost_curve` measures."""
+_curves: dict = {}
+"""Verification cost curves measured or read in this process, by key."""
+
+
+@torch.inference_mode()
+def measure_verify_cost(model, sizes: Sequence[int], prefix_length: int = 256, repeats: int = 7, seed: int = 0):
+    """``{n: median ms of one target forward of n tree tokens on a cached prefix + the LM head over the n rows}``."""
+    with compat.masked_sdpa_gqa(model.device):  # as hf-spec's decoding verifies
+        return _measure_verify_cost(model, sizes, prefix_length, repeats, seed)
+
+
+def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeats: int, seed: int):
+    device = model.device
+    vocab = model.config.get_text_config().vocab_size
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(0, vocab, (1, prefix_length), generator=g).to(device)
+    cache = compat.full_dynamic_cache()
+    base = model.base_model
+    base(input_ids=prefix, past_key_values=cache, use_cache=True)
+    window = compat.target_sliding_window(model.config)
+    trees = {n: DraftTree.chain(1, torch.randint(0, vocab, (n - 1,), generator=g).to(device)) for n in sizes}
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    head = model.get_output_embeddings()
+    for r in range(repeats + 1):  # round 0 warms up
+        for n in sizes:
+            tree = trees[n]
+
+            def verify():
+                out = base(input_ids=tree.tokens.view(1, -1), attention_mask=tree.attention_mask(prefix_length, model.dtype, window),
+                           position_ids=tree.position_ids(prefix_length), past_key_values=cache, use_cache=True)  # fmt: skip
+                return head(out.last_hidden_state[0]).float()
+
+            _, ms = timed(verify, device)
+            crop_to(cache, prefix_length)
+            if r:
+                samples[n].append(ms)
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
+def verify_cost_curve(model) -> dict[int, float]:
+    """This machine's verification cost curve for ``model``: ``{n: ms of one target forward of n tree tokens
+    + the LM head over them}`` at :data:`VERIFY_CURVE_SIZES` (7 rounds, median, made non-decreasing), from this
+    process's memory, else ``$HF_SPEC_CACHE/verify_costs/``, else measured (a few seconds on a CPU) and cached."""
+    key = json.dumps(_machine_and_target(model), sort_keys=True, default=str)
+    if key in _curves:
+        return _curves[key]
+    path = cache_dir() / "verify_costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    curve = _read_cached(path, key)
+    if not curve:
+        logger.warning("hf-spec: timing this machine's verification of 1-%d tokens once (cached in %s)",
+                       VERIFY_CURVE_SIZES[-1], path.parent)  # fmt: skip
+        with torch.inference_mode():
+            curve = non_decreasing(measure_verify_cost(model, VERIFY_CURVE_SIZES, prefix_length=256, repeats=7))
+        _write_cached(path, {"format": CACHE_FORMAT, "key": key, "verify_ms": {str(n): ms for n, ms in curve.items()}})
+    _curves[key] = curve
+    return curve
+
+
+def _machine_and_target(model) -> dict:
+    """What a timing of ``model`` depends on: machine, software, threads, device, dtype and the target's
+    architecture (never the load average or the date)."""
+    device = model.device
+    info = machine_info(model.dtype)
+    stable = {k: info.get(k) for k in ("cpu", "cores", "platform", "python", "torch", "transformers", "dtype")}
+    stable["cpu_flags"] = _cpu_flags_digest()  # two CPUs can share a model name ("Intel(R) Xeon(R) Processor"), not AMX
+    stable["mkl_cbwr"] = os.environ.get("MKL_CBWR")  # MKL's code path changes float32 costs (hf_spec.hardware)
+    if device.type == "cuda":
+        stable["gpu"] = torch.cuda.get_device_name(device)
+    target = model.config.get_text_config().to_dict()
+    target = {k: target.get(k) for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                         "num_attention_heads", "num_key_value_heads", "vocab_size")}  # fmt: skip
+    return {"machine": stable, "threads": torch.get_num_threads(), "device": str(device), "target": target}
+
+
+def _cpu_flags_digest() -> str | None:
+    """A digest of the CPU's feature flags (/proc/cpuinfo), None where they cannot be read."""
+    flags = cpu_flags()
+    return hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16] if flags else None
+
+
+def _read_cached(path: Path, key: str) -> dict[int, float] | None:
+    """The curve cached at ``path`` if it is of :data:`CACHE_FORMAT` and for ``key`` and readable, else None."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if not (isinstance(data, dict) and data.get("format") == CACHE_FORMAT and data.get("key") == key):
+            return None
+        return {int(n): float(ms) for n, ms in data["verify_ms"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _write_cached(path: Path, data: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1) + "\n")
+    except OSError as error:  # a read-only cache only costs a re-measurement in the next process
+        logger.warning("hf-spec: could not cache a cost measurement in %s (%s)", path, error)

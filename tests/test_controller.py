@@ -1,0 +1,134 @@
+"""The online speed controller on a fake clock: it converges, it follows costs that change mid-run, its
+exploration is bounded, and a drafter that pays nothing costs little against plain."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hf_spec.controller import SpeedController, controller_for
+
+
+def run(controller: SpeedController, cycle, cycles: int, rng: random.Random, start_cycle: int = 0) -> list[int]:
+    """Drive ``controller`` for ``cycles`` cycles; ``cycle(arm, n, rng) -> (seconds, tokens)``; the arms used."""
+    used = []
+    for n in range(start_cycle, start_cycle + cycles):
+        arm = controller.choose()
+        seconds, tokens = cycle(arm, n, rng)
+        controller.record(arm, seconds, tokens)
+        used.append(arm)
+    return used
+
+
+def landscape(costs, taus, noise: float = 0.1):
+    """Arm i: a cycle costs ``costs[i]`` seconds (± noise) and commits about ``taus[i]`` tokens (a random integer
+    around it, as accepted lengths vary)."""
+
+    def cycle(arm, n, rng):
+        tau = taus[arm]
+        tokens = int(tau) + (rng.random() < tau - int(tau))
+        return costs[arm] * (1 + noise * (2 * rng.random() - 1)), tokens
+
+    return cycle
+
+
+def seconds_per_token(costs, taus):
+    return [c / t for c, t in zip(costs, taus)]
+
+
+def mean_seconds_per_token(used, costs, taus) -> float:
+    """Expected seconds per committed token of the cycles ``used`` ran."""
+    return sum(costs[a] for a in used) / sum(taus[a] for a in used)
+
+
+def test_converges_to_the_fastest_rung_of_the_ladder():
+    costs, taus = [1.0, 1.3, 1.5, 1.9, 2.6], [1, 2.0, 2.6, 3.0, 3.2]  # per token: 1.0, .65, .58, .63, .81
+    controller = SpeedController(["plain", "a", "b", "c", "d"], start=1)
+    rng = random.Random(0)
+    run(controller, landscape(costs, taus), 200, rng)
+    assert controller.current == 2
+    used = run(controller, landscape(costs, taus), 200, rng, start_cycle=200)
+    assert used.count(2) >= 0.75 * len(used)  # exploits the best rung, probes the rest a little
+    assert mean_seconds_per_token(used, costs, taus) <= 1.06 * min(seconds_per_token(costs, taus))
+
+
+def test_a_drafter_that_pays_nothing_falls_back_to_plain_and_costs_little():
+    costs, taus = [1.0, 1.35, 1.6], [1, 1.02, 1.03]  # an untrained drafter: drafting only adds cost
+    controller = SpeedController(["plain", "small", "large"], start=1)
+    rng = random.Random(1)
+    cycle = landscape(costs, taus, noise=0.2)
+    used = run(controller, cycle, 60, rng)
+    assert controller.current == 0 and used[-20:].count(0) >= 12  # within tens of cycles
+    later = run(controller, cycle, 3000, rng, start_cycle=60)
+    spent = sum(costs[a] for a in later)
+    assert spent <= 1.03 * len(later) * costs[0]  # bounded worst case: within 3% of plain once converged
+    assert controller.probes >= 5  # it keeps checking
+
+
+def test_follows_costs_that_change_mid_run():
+    rng = random.Random(2)
+    fast = landscape([1.0, 1.2, 1.5], [1, 2.2, 2.9])  # drafting pays: .55, .52 per token
+    slow = landscape([1.0, 2.6, 3.6], [1, 2.2, 2.9])  # the machine's verification became costly: plain wins
+    controller = SpeedController(["plain", "small", "large"], start=1)
+    run(controller, fast, 300, rng)
+    assert controller.current == 2
+    run(controller, slow, 300, rng, start_cycle=300)
+    assert controller.current == 0
+    run(controller, fast, 400, rng, start_cycle=600)
+    assert controller.current in (1, 2)  # back to drafting once it pays again (probes continue)
+
+
+def test_exploration_is_bounded_once_converged():
+    costs, taus = [1.0, 1.2, 1.5, 2.0], [1, 2.4, 2.6, 2.7]
+    controller = SpeedController(["plain", "a", "b", "c"], start=3)
+    rng = random.Random(3)
+    run(controller, landscape(costs, taus), 200, rng)
+    assert controller.current == 1
+    used = run(controller, landscape(costs, taus), 2000, rng, start_cycle=200)
+    best = min(seconds_per_token(costs, taus))
+    assert mean_seconds_per_token(used, costs, taus) <= 1.03 * best  # probes cost under 3% in time per token
+    assert used.count(1) >= 0.9 * len(used)
+
+
+def test_switch_cycles_are_not_measured():
+    """The first cycle after a change of arm carries catch-up work (the drafter reads what it missed): a huge
+    time there must not count against the arm."""
+    controller = SpeedController(["plain", "draft"], start=1, first_interval=4)
+    previous = None
+    for _ in range(200):
+        arm = controller.choose()
+        slow_switch = previous is not None and arm != previous
+        seconds = 50.0 if slow_switch else (0.6 if arm == 1 else 1.0)
+        controller.record(arm, seconds, 1)
+        previous = arm
+    assert controller.current == 1
+    assert controller.ms_per_token()["draft"] == pytest.approx(600.0, rel=0.01)
+
+
+def test_the_first_cycle_of_a_call_is_not_measured():
+    controller = SpeedController(["plain", "draft"], start=1)
+    controller.start_call()
+    controller.record(controller.choose(), 100.0, 1)  # the drafter read the prompt
+    controller.record(controller.choose(), 1.0, 2)
+    assert controller.ms_per_token()["draft"] == pytest.approx(500.0)
+
+
+def test_one_arm_never_probes_and_bad_starts_are_rejected():
+    controller = SpeedController(["fixed"], start=0)
+    assert run(controller, landscape([1.0], [2]), 50, random.Random(0)) == [0] * 50 and controller.probes == 0
+    with pytest.raises(ValueError, match="start"):
+        SpeedController(["plain", "a"], start=2)
+    with pytest.raises(ValueError, match="at least one arm"):
+        SpeedController([])
+
+
+def test_one_controller_per_owner_and_key_for_the_process():
+    class Owner:
+        pass
+
+    owner = Owner()
+    first = controller_for(owner, ("t", "cpu"), ["plain", "a"], 1)
+    assert controller_for(owner, ("t", "cpu"), ["plain", "a"], 1) is first
+    assert controller_for(owner, ("t", "cuda"), ["plain", "a"], 1) is not first
+    assert controller_for(owner, ("t", "cpu"), ["plain", "b"], 1) is not first  # other arms: a new controller
