@@ -18,9 +18,11 @@ The policy is a hill climb with probes:
   or costlier, or plain, which bounds the worst case, from any rung) for a few cycles, until the probe has committed ``probe_tokens`` tokens (at most
   ``max_probe_cycles`` cycles);
 - after a probe it moves to the neighbour when that measured faster per token by more than ``margin``; else it
-  waits twice as long before probing that neighbour again (up to ``max_interval`` cycles), so exploration is
-  bounded: after it converges, probes cost a few per cent of the cycles at most, and a drafter that pays
-  nothing costs about that against plain;
+  waits twice as long before probing that neighbour again (up to ``max_interval`` cycles; ``close_interval``
+  for a neighbour within ``close`` of it), unless its own time per token comes near what the neighbour measured
+  (``catch_up``); a probe of a neighbour far slower ends after two cycles (``give_up``). So exploration is
+  bounded: after it converges, probes cost a few per cent at most, and a drafter that pays nothing costs about
+  that against plain;
 - the first cycle after a switch is not measured (it carries the catch-up work of an arm that had not run:
   its drafter reads the committed tokens it missed), nor the first cycle of a call (the drafter reads the
   prompt).
@@ -71,7 +73,7 @@ class SpeedController:
 
     labels: list[str]
     start: int = 1
-    half_life: float = 64.0
+    half_life: float = 48.0
     """Cycles (of the whole run, any arm) after which a measurement weighs half."""
     probe_tokens: int = 6
     """A probe lasts until it has committed this many tokens…"""
@@ -84,9 +86,12 @@ class SpeedController:
     close_interval: int = 64
     """…but stays at most this for a neighbour that measured within ``close`` of the exploited arm."""
     close: float = 0.25
-    drift: float = 0.15
-    """A neighbour is probed at once when the exploited arm's time per token has moved this much (either way)
-    since that neighbour's last failed probe: the machine or the text changed."""
+    catch_up: float = 0.02
+    """A neighbour is probed at once when the exploited arm's time per token has come within this fraction of what
+    that neighbour measured at its last failed probe (the machine or the text changed). Relative to the neighbour,
+    not to the exploited arm's own past: a new prompt moves every drafted arm's time per token, plain's hardly."""
+    give_up: float = 0.5
+    """A probe ends after two measured cycles when the neighbour is already this much slower per token."""
     margin: float = 0.02
     """A neighbour must measure this much faster per token to be moved to (noise guard)."""
     current: int = field(init=False)
@@ -103,7 +108,7 @@ class SpeedController:
         self._estimates = [_Estimate() for _ in self.labels]
         self._interval = [self.first_interval] * len(self.labels)
         self._due = [self.first_interval] * len(self.labels)
-        self._reference: list[float | None] = [None] * len(self.labels)  # ours when each neighbour's probe failed
+        self._theirs: list[float | None] = [None] * len(self.labels)  # each neighbour at its last failed probe
         self._probe: int | None = None
         self._probe_cycles = 0
         self._probe_tokens = 0.0
@@ -120,9 +125,9 @@ class SpeedController:
         if self._probe is None and len(self.labels) > 1:
             ours = self._estimates[self.current].seconds_per_token
             for n in self._neighbours():
-                reference = self._reference[n]
-                if ours is not None and reference is not None and abs(ours / reference - 1.0) > self.drift:
-                    self._due[n], self._reference[n] = self.cycle, None
+                theirs = self._theirs[n]
+                if ours is not None and theirs is not None and ours > theirs * (1.0 - self.catch_up):
+                    self._due[n], self._theirs[n] = self.cycle, None
             due = [n for n in self._neighbours() if self.cycle >= self._due[n]]
             if due and ours is not None:
                 self._probe = min(due, key=lambda n: self._due[n])
@@ -146,13 +151,19 @@ class SpeedController:
             if measured:
                 self._probe_cycles += 1
                 self._probe_tokens += tokens
-            if self._probe_tokens >= self.probe_tokens or self._probe_cycles >= self.max_probe_cycles:
+            if self._probe_tokens >= self.probe_tokens or self._probe_cycles >= self.max_probe_cycles or (
+                    self._probe_cycles >= 2 and self._hopeless(arm)):  # fmt: skip
                 self._end_probe()
 
     # -- policy ------------------------------------------------------------------------------------
     def _neighbours(self) -> list[int]:
         """The rungs next to the exploited one, and plain (arm 0), which bounds the worst case, from anywhere."""
         return sorted({n for n in (0, self.current - 1, self.current + 1) if 0 <= n < len(self.labels)} - {self.current})
+
+    def _hopeless(self, probe: int) -> bool:
+        theirs = self._estimates[probe].seconds_per_token
+        ours = self._estimates[self.current].seconds_per_token
+        return theirs is not None and ours is not None and theirs > ours * (1.0 + self.give_up)
 
     def _end_probe(self) -> None:
         probe, self._probe = self._probe, None
@@ -163,11 +174,11 @@ class SpeedController:
             self.moves += 1
             for n in self._neighbours():  # look further the same way soon; back where it came from later
                 self._interval[n] = self.first_interval * (2 if n == left else 1)
-                self._due[n], self._reference[n] = self.cycle + self._interval[n], None
+                self._due[n], self._theirs[n] = self.cycle + self._interval[n], None
         else:
             close = theirs is not None and ours is not None and theirs < ours * (1.0 + self.close)
             self._interval[probe] = min(2 * self._interval[probe], self.close_interval if close else self.max_interval)
-            self._due[probe], self._reference[probe] = self.cycle + self._interval[probe], ours
+            self._due[probe], self._theirs[probe] = self.cycle + self._interval[probe], theirs
 
     # -- what it did -------------------------------------------------------------------------------
     def ms_per_token(self) -> dict[str, float | None]:
