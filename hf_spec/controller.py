@@ -25,7 +25,7 @@ The policy is a hill climb with probes:
   that against plain;
 - the first cycle after a switch is not measured (it carries the catch-up work of an arm that had not run:
   its drafter reads the committed tokens it missed), nor the first cycle of a call (the drafter reads the
-  prompt).
+  prompt); a cycle counts at most ``outlier`` times its arm's mean cycle time (a stall must not condemn an arm).
 
 Nothing is cached on disk and nothing is final: the controller lives as long as the process, one per
 (drafter, target, device, dtype, threads, batch size class, sampling) (:func:`controller_for`), and keeps
@@ -51,11 +51,17 @@ class _Estimate:
 
     seconds: float = 0.0
     tokens: float = 0.0
+    weight: float = 0.0  # discounted count of cycles
     cycles: int = 0
 
     def decay(self, factor: float) -> None:
         self.seconds *= factor
         self.tokens *= factor
+        self.weight *= factor
+
+    @property
+    def seconds_per_cycle(self) -> float | None:
+        return self.seconds / self.weight if self.weight >= 1.0 else None
 
     @property
     def seconds_per_token(self) -> float | None:
@@ -92,6 +98,10 @@ class SpeedController:
     not to the exploited arm's own past: a new prompt moves every drafted arm's time per token, plain's hardly."""
     give_up: float = 0.5
     """A probe ends after two measured cycles when the neighbour is already this much slower per token."""
+    outlier: float = 3.0
+    """A cycle counts at most this many times the arm's mean cycle time (or, for an arm without one, the slowest
+    arm's): one stall (another process, a pause, a first-time kernel build) must not condemn an arm for hundreds of
+    cycles."""
     margin: float = 0.02
     """A neighbour must measure this much faster per token to be moved to (noise guard)."""
     current: int = field(init=False)
@@ -144,8 +154,14 @@ class SpeedController:
             estimate.decay(self._decay)
         if measured and tokens > 0:
             estimate = self._estimates[arm]
+            typical = estimate.seconds_per_cycle
+            if typical is None:
+                typical = max((e.seconds_per_cycle for e in self._estimates if e.seconds_per_cycle), default=None)
+            if typical is not None:
+                seconds = min(seconds, self.outlier * typical)
             estimate.seconds += seconds
             estimate.tokens += tokens
+            estimate.weight += 1.0
             estimate.cycles += 1
         if self._probe is not None and arm == self._probe:
             if measured:

@@ -135,3 +135,15 @@ def test_one_controller_per_owner_and_key_for_the_process():
     assert controller_for(owner, ("t", "cpu"), ["plain", "a"], 1) is first
     assert controller_for(owner, ("t", "cuda"), ["plain", "a"], 1) is not first
     assert controller_for(owner, ("t", "cpu"), ["plain", "b"], 1) is not first  # other arms: a new controller
+
+
+def test_one_stall_does_not_condemn_an_arm():
+    """A 5-second stall in one cycle (another process, a pause) counts as at most three ordinary cycles."""
+    controller = SpeedController(["plain", "draft"], start=1)
+    rng = random.Random(4)
+    cycle = landscape([0.02, 0.025], [1, 2.5])
+    run(controller, cycle, 40, rng)
+    controller.record(controller.choose(), 5.0, 2)  # the stall
+    assert controller.current == 1 and controller.ms_per_token()["draft"] < 15.0
+    used = run(controller, cycle, 100, rng, start_cycle=41)
+    assert used.count(1) >= 0.85 * len(used)
