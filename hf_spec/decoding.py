@@ -288,9 +288,12 @@ class _OneRowCache:
     def verify(self, target: _Target, trees: list[DraftTree]) -> list[torch.Tensor]:
         (tree,) = trees
         self.past = past = self.cache.get_seq_length()
-        features = target.forward(tree.tokens.view(1, -1), self.cache,
-                                  attention_mask=tree.attention_mask(past, target.base.dtype, target.sliding_window),
-                                  position_ids=tree.position_ids(past))  # fmt: skip
+        if len(tree) == 1:  # a lone root (a plain cycle): the plain decoding step itself, no tree mask to build
+            features = target.forward(tree.tokens.view(1, -1), self.cache)
+        else:
+            features = target.forward(tree.tokens.view(1, -1), self.cache,
+                                      attention_mask=tree.attention_mask(past, target.base.dtype, target.sliding_window),
+                                      position_ids=tree.position_ids(past))  # fmt: skip
         return [target.logits(features[0])]
 
     def commit(self, accepted: list[torch.Tensor], walks: list[WalkResult]) -> None:
