@@ -90,7 +90,9 @@ class SpeedController:
     max_interval: int = 512
     """Longest wait between probes of one neighbour (the wait doubles after each failed probe)…"""
     close_interval: int = 64
-    """…but stays at most this for a neighbour that measured within ``close`` of the exploited arm."""
+    """…but stays at most this for a drafted neighbour that measured within ``close`` of the exploited drafted arm
+    (between plain steps and a drafted arm the wait keeps doubling: a drafter that costs a little more than plain
+    steps is probed rarely, and ``catch_up`` still probes at once when the gap closes)."""
     close: float = 0.25
     catch_up: float = 0.02
     """A neighbour is probed at once when the exploited arm's time per token has come within this fraction of what
@@ -192,7 +194,8 @@ class SpeedController:
                 self._interval[n] = self.first_interval * (2 if n == left else 1)
                 self._due[n], self._theirs[n] = self.cycle + self._interval[n], None
         else:
-            close = theirs is not None and ours is not None and theirs < ours * (1.0 + self.close)
+            close = (theirs is not None and ours is not None and theirs < ours * (1.0 + self.close)
+                     and 0 not in (probe, self.current))  # plain vs a drafter that barely loses: rare probes suffice
             self._interval[probe] = min(2 * self._interval[probe], self.close_interval if close else self.max_interval)
             self._due[probe], self._theirs[probe] = self.cycle + self._interval[probe], theirs
 

@@ -147,3 +147,15 @@ def test_one_stall_does_not_condemn_an_arm():
     assert controller.current == 1 and controller.ms_per_token()["draft"] < 15.0
     used = run(controller, cycle, 100, rng, start_cycle=41)
     assert used.count(1) >= 0.85 * len(used)
+
+
+def test_a_drafter_that_barely_loses_to_plain_is_probed_rarely():
+    """Drafted cycles 15% slower than plain steps per token: after tens of cycles on plain steps, its probes back
+    off as those of a hopeless drafter do (under 1% of the time)."""
+    costs, taus = [1.0, 1.15], [1, 1.0]
+    controller = SpeedController(["plain", "draft"], start=1)
+    rng = random.Random(6)
+    run(controller, landscape(costs, taus, noise=0.1), 200, rng)
+    assert controller.current == 0
+    used = run(controller, landscape(costs, taus, noise=0.1), 3000, rng, start_cycle=200)
+    assert mean_seconds_per_token(used, costs, taus) <= 1.01 * costs[0]
