@@ -158,7 +158,8 @@ def _run_tune(args: argparse.Namespace) -> int:
     from .bench.datasets import bench_prompt_ids
     from .bench.harness import load_model
     from .hardware import dtype_name, resolve_dtype
-    from .tune import QUICK_GRID, TuneGrid, default_output, format_table, machine_description, now_utc, tune, write_tree_shape
+    from .hardware import machine_info
+    from .tune import QUICK_GRID, TuneGrid, default_output, format_table, now_utc, tune, write_tree_shape
 
     from transformers import AutoModel  # the drafter classes are registered with it (hf_spec.drafters)
 
@@ -180,7 +181,7 @@ def _run_tune(args: argparse.Namespace) -> int:
     started = now_utc()
     report = tune(model, drafter, prompts, 16 if args.quick else args.max_new_tokens, grid)
     best = report["best"]["shape"]
-    machine = machine_description(device, dtype)
+    machine = machine_info(dtype, device)
     tuned_for = {"machine": machine.get("gpu") or machine["cpu"], "device": str(device), "dtype": args.dtype,
                  "threads": torch.get_num_threads(), "torch": machine["torch"], "date": now_utc(),
                  "tokens_per_s": round(report["best"]["measured"]["tokens_per_s"], 2)}  # fmt: skip

@@ -52,7 +52,6 @@ class _Estimate:
     seconds: float = 0.0
     tokens: float = 0.0
     weight: float = 0.0  # discounted count of cycles
-    cycles: int = 0
 
     def decay(self, factor: float) -> None:
         self.seconds *= factor
@@ -164,7 +163,6 @@ class SpeedController:
             estimate.seconds += seconds
             estimate.tokens += tokens
             estimate.weight += 1.0
-            estimate.cycles += 1
         if self._probe is not None and arm == self._probe:
             if measured:
                 self._probe_cycles += 1

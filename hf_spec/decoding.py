@@ -545,7 +545,7 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     drafter.last_generation_stats = stats
     loop_start = timing.clock(device)
     drafted_arms = sum(arm.shape is not None for arm in arms)
-    target = _Target(model, drafter.target_feature_layers() if drafted_arms else None)  # no drafter reads features
+    target = _Target(model, drafter.target_feature_layers())  # every call has a drafted arm: features are read
     layout = _OneRowCache() if one_row else _PaddedCache(input_ids, attention_mask)
     features = layout.prefill(target, input_ids)
     last_logits = target.logits(features[:, -1])

@@ -107,17 +107,18 @@ def speculative_decode(
     if speed_controller is None:
         speed_controller = SPEED_CONTROL_BY_DEFAULT
     arms, start = call_arms(drafter, options, do_sample, controlled=speed_controller is not False)
+    labels = [arm.label for arm in arms]
     controller = None
     if isinstance(speed_controller, SpeedController):
-        if speed_controller.labels != [arm.label for arm in arms]:
-            raise ValueError(f"speed_controller has arms {speed_controller.labels}, this call {[a.label for a in arms]}. "
+        if speed_controller.labels != labels:
+            raise ValueError(f"speed_controller has arms {speed_controller.labels}, this call {labels}. "
                              "Fix: build it with SpeedController([arm labels]) for this drafter and options.")  # fmt: skip
         controller = speed_controller
     elif speed_controller not in (True, False):
         raise ValueError(f"speed_controller must be None, True, False or a SpeedController, got {speed_controller!r}.")
     elif len(arms) > 1:
         key = (id(model), str(model.device), str(model.dtype), torch.get_num_threads(), input_ids.shape[0] > 1, do_sample)
-        controller = controller_for(drafter, key, [arm.label for arm in arms], start)
+        controller = controller_for(drafter, key, labels, start)
     temperature = float(generation_config.temperature or 1.0) if do_sample else 1.0
     _check_streamer(streamer, input_ids)
     with compat.masked_sdpa_gqa(model.device):  # tree masks without copying the cache's key/value heads (CPU)

@@ -97,7 +97,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-
 def machine_info(dtype: torch.dtype, device=None) -> dict:
     """CPU model, core count, library versions, dtype and the device (its GPU's name on CUDA), for results files
     and for the key of a cached timing (:mod:`hf_spec.verify_cost`)."""
@@ -123,6 +122,7 @@ def machine_info(dtype: torch.dtype, device=None) -> dict:
         "device": str(device or "cpu"),
         **({"gpu": torch.cuda.get_device_name(device)} if device is not None and torch.device(device).type == "cuda" else {}),
     }
+
 
 _warned = False
 

@@ -42,7 +42,6 @@ from typing import Callable, Sequence
 
 import torch
 
-from .hardware import machine_info
 from .shape_select import CANDIDATE_OPTIONS, check_candidates, interpolate_cost
 from .timing import timed
 from .tree.dynamic import TreeShape
@@ -378,14 +377,6 @@ def write_tree_shape(drafter_dir, shape: TreeShape, tuned_for: dict) -> Path:
             data.update(values, **extra)
             path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return config_path
-
-
-def machine_description(device: torch.device, dtype: torch.dtype) -> dict:
-    info = machine_info(dtype)
-    info["device"] = str(device)
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
 
 
 def now_utc() -> str:

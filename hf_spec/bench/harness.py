@@ -179,7 +179,7 @@ def drafter_stats(drafter) -> Callable[[], dict[str, Any]]:
             "verified_tokens": sum(s.tree_sizes),
             "acceptance_by_position": [float(x) for x in s.acceptance_by_position()],
             **({"exit_counts": list(s.early_exits.exit_counts)} if s.early_exits is not None else {}),
-            **({"controller": dict(s.controller)} if getattr(s, "controller", None) is not None else {}),
+            **({"controller": dict(s.controller)} if s.controller is not None else {}),
         }
 
     return stats
