@@ -57,6 +57,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from . import compat, timing
 from .cache import crop_to, gather_positions, keep_accepted, select_rows
 from .controller import SpeedController
+from .drafters.hybrid import with_ngram_branches
 from .drafters.session import DraftingSession, check_ngram_branches
 from .stats import BatchGenerationStats, GenerationStats
 from .tree.tree import DraftTree
@@ -70,18 +71,9 @@ def new_session(drafter, model, shape, do_sample: bool, temperature: float, prom
                 ngram_branches: int | None = None) -> DraftingSession:  # fmt: skip
     """The drafter's drafting session for one sequence; ``use_router`` (None: the drafter's
     config) switches a CORAL LM-head router on or off for this call; ``ngram_branches`` (None:
-    the drafter's config) sets how many context n-gram nodes a feature drafter grafts per tree."""
+    the drafter's config) sets how many context n-gram nodes are grafted into each of a trained
+    drafter's trees (:mod:`hf_spec.drafters.hybrid`, whatever the family)."""
     session = drafter.new_drafting_session(model, shape, do_sample, temperature, prompt_ids=prompt_ids)
-    if ngram_branches is not None:
-        check_ngram_branches(ngram_branches)
-        if session.supports_ngram_branches:
-            session.ngram_branches = ngram_branches
-        elif ngram_branches:
-            raise ValueError(
-                f"ngram_branches={ngram_branches} grafts n-gram branches into a trained feature drafter's trees "
-                f"(EagleDrafter, ParallelDrafter), not into {type(drafter).__name__}'s. Fix: drop ngram_branches "
-                "(for n-gram trees alone, use hf_spec.NGramDrafter)."
-            )
     if use_router is not None:
         if use_router and not session.supports_router:
             raise ValueError(
@@ -90,7 +82,17 @@ def new_session(drafter, model, shape, do_sample: bool, temperature: float, prom
             )
         if session.supports_router:
             session.use_router = bool(use_router)
-    return session
+    if ngram_branches is not None:
+        check_ngram_branches(ngram_branches)
+        if ngram_branches and not drafter.supports_ngram_branches:
+            raise ValueError(
+                f"ngram_branches={ngram_branches} grafts n-gram branches into a trained drafter's trees, not into "
+                f"{type(drafter).__name__}'s. Fix: drop ngram_branches (for n-gram trees alone, use "
+                "hf_spec.NGramDrafter)."
+            )
+    elif drafter.supports_ngram_branches:
+        ngram_branches = drafter.config.ngram_branches
+    return with_ngram_branches(session, drafter, model, shape, do_sample, prompt_ids, ngram_branches or 0)
 
 
 @dataclass(frozen=True)

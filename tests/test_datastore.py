@@ -8,7 +8,8 @@ from transformers import AutoModel
 
 import hf_spec
 from conftest import make_target, plain_generate, random_prompt
-from hf_spec.drafters.datastore import DATASTORE_FILE, NGramDatastore, datastore_from_feature_cache
+from hf_spec.drafters.datastore import DATASTORE_FILE, NGramDatastore
+from hf_spec.training.data import datastore_from_feature_cache
 from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, warpers
 
 

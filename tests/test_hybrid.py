@@ -5,28 +5,31 @@ import torch
 
 import hf_spec
 from conftest import make_target, oracle_pair, plain_generate, random_prompt
+from hf_spec.drafters import hybrid
 from hf_spec.drafters.eagle import EagleDraftingSession
+from hf_spec.drafters.hybrid import NGramHybridSession
 from hf_spec.drafters.ngram import TrieNodes, graft_trie
 from hf_spec.tree.dynamic import TreeShape, draw_candidates
 from hf_spec.tree.tree import DraftTree
 from hf_spec.verify import _rejection_sample, greedy_plan
 from test_batched import pad_left, per_row_expected
 from test_ngram import repetitive_sampling_case, target_text_prompt
-from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue
+from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, warpers
+from test_sorted import sorted_pair
 
 SHAPE = dict(tree_depth=4, tree_top_k=4, tree_total_tokens=12)
 
 
 def capture_trees(monkeypatch):
     trees = []
-    original = EagleDraftingSession.graft_ngram
+    original = hybrid.NGramBranches.graft
 
-    def graft(self, tree):
-        grafted = original(self, tree)
+    def graft(self, tree, *args, **kwargs):
+        grafted = original(self, tree, *args, **kwargs)
         trees.append((tree, grafted))
         return grafted
 
-    monkeypatch.setattr(EagleDraftingSession, "graft_ngram", graft)
+    monkeypatch.setattr(hybrid.NGramBranches, "graft", graft)
     return trees
 
 
@@ -113,7 +116,7 @@ def test_config_field_is_the_default_and_the_kwarg_overrides_it():
         target.generate(prompt, assistant_model=drafter, ngram_branches=-1, max_new_tokens=5)
     with pytest.raises(ValueError, match="ngram_branches must be an integer"):
         hf_spec.EagleDrafter.from_target(target, ngram_branches=1.5)
-    with pytest.raises(ValueError, match="feature drafter"):
+    with pytest.raises(ValueError, match="trained drafter.s trees, not into NGramDrafter"):
         target.generate(prompt, assistant_model=hf_spec.NGramDrafter(), ngram_branches=4, max_new_tokens=5)
 
 
@@ -305,32 +308,59 @@ def copy_cycle_run(monkeypatch, target, prompt, expected, drafter) -> tuple[floa
     return calls[0] / stats.cycles, stats.accepted_from_ngram
 
 
-def test_deferred_pairs_reach_the_drafter_cache_as_if_never_skipped(monkeypatch):
-    """The pairs of a skipped cycle (the cost gate's n-gram trie alone) enter the drafter's cache with the next
+class ScriptedGate:
+    """A cost gate that prefers the n-gram trie alone on the cycles it is told to."""
+
+    node_costs = 0.0
+
+    def __init__(self, skip_at):
+        self.skip_at, self.cycle = set(skip_at), -1
+
+    def record_committed(self, tokens):
+        self.cycle += 1
+
+    def prefers_ngram(self, expected, nodes):
+        return self.cycle in self.skip_at
+
+    def record_ngram(self, expected):
+        pass
+
+    def record_drafted(self, *args):
+        pass
+
+    def copy_trie(self, trie):
+        return trie
+
+
+def test_deferred_pairs_reach_the_drafter_cache_as_if_never_skipped():
+    """The pairs of a skipped cycle (the cost gate's n-gram trie alone) enter the family's session with the next
     drafted cycle: that cycle's tree equals the one of a session that drafted every cycle."""
     target, drafter = oracle_pair("llama")
     prompt = random_prompt(8)
     ids = plain_generate(target, prompt, max_new_tokens=12, do_sample=False)
     features = target.base_model(input_ids=ids).last_hidden_state[0]
     shape = TreeShape(3, 2, 4)
-    sessions = [EagleDraftingSession(drafter, shape, False, 1.0, prompt) for _ in range(2)]
-    for session in sessions:
-        session.ngram_branches = 0  # trees from the drafter alone
+    every = EagleDraftingSession(drafter, shape, False, 1.0, prompt)
+    inner = EagleDraftingSession(drafter, shape, False, 1.0, prompt)
+    gated = NGramHybridSession(inner, drafter.config, shape, False, prompt, branches=1,
+                               gate=ScriptedGate(skip_at={1, 2}))  # fmt: skip
     length = prompt.shape[1]
     steps = [(features[:length], ids[0, 1 : length + 1])] + [
         (features[i : i + 1], ids[0, i + 1 : i + 2]) for i in range(length, length + 4)]  # fmt: skip
-    skip_at = {1, 2}
-    trees = {0: [], 1: []}
+    drafted = []
+    inner_propose = inner.propose
+    inner.propose = lambda f, t: drafted.append(inner_propose(f, t)) or drafted[-1]
     for step, (feats, tokens) in enumerate(steps):
-        trees[0].append(sessions[0].propose(feats, tokens))
-        if step in skip_at:  # what a skipped cycle does: keep the pairs, draft nothing
-            sessions[1]._deferred.append((feats, tokens))
+        tree = every.propose(feats, tokens)
+        before = len(drafted)
+        hybrid_tree = gated.propose(feats, tokens)
+        if step in (1, 2):  # skipped: the trie alone, nothing reaches the drafter
+            assert len(drafted) == before and bool(hybrid_tree.from_ngram[1:].all())
             continue
-        _, feats, tokens = sessions[1].copy_or_commit(feats, tokens)
-        trees[1].append((step, sessions[1].propose(feats, tokens)))
-    for step, tree in trees[1]:
-        assert torch.equal(tree.tokens, trees[0][step].tokens) and torch.allclose(tree.scores, trees[0][step].scores)
-    assert sessions[0].committed == sessions[1].committed == length + 4  # every pair in the cache
+        assert len(drafted) == before + 1
+        assert torch.equal(drafted[-1].tokens, tree.tokens) and torch.allclose(drafted[-1].scores, tree.scores)
+    assert every.committed == inner.committed == length + 4  # every pair in the cache
+    assert gated.skipped_cycles == 2
 
 
 def test_copy_budget_tells_copy_and_plain_cycles_apart():
@@ -359,10 +389,8 @@ def test_ngram_max_match_sets_the_suffix_a_copy_must_repeat(monkeypatch):
     target = make_target("llama")
     prompt = target_text_prompt(target)
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
-    import hf_spec.drafters.eagle as eagle_module
-
     made = []
-    monkeypatch.setattr(eagle_module, "NGramBranches", lambda *a, **kw: made.append(kw) or NGramBranches(*a, **kw))
+    monkeypatch.setattr(hybrid, "NGramBranches", lambda *a, **kw: made.append(kw) or NGramBranches(*a, **kw))
     drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_copy_nodes=8, ngram_max_match=6)
     assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=40, tree_depth=2, tree_top_k=2,
                                        tree_total_tokens=2), expected)  # fmt: skip
@@ -468,17 +496,17 @@ def test_cycle_gate_carries_its_measurements_over_to_the_next_call_with_the_same
     prompt = target_text_prompt(target)
     drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_depth=8, ngram_cost_gate=True)
     target.generate(prompt, assistant_model=drafter, max_new_tokens=20)
-    first = drafter.__dict__["_last_cycle_gate"][2]
+    first = hybrid._GATES[drafter][2]
     assert first._draft_ms.count >= 1 and first._pending is not None  # timed; its last cycle never verified
     target.generate(prompt, assistant_model=drafter, max_new_tokens=20)
-    second = drafter.__dict__["_last_cycle_gate"][2]
+    second = hybrid._GATES[drafter][2]
     assert second is not first and second._draft_ms.count >= first._draft_ms.count
     assert sum(t.count for t in second._bias) > sum(t.count for t in first._bias)
     other = make_target("llama")
     drafter.bind(other)
     other.generate(prompt, assistant_model=drafter, max_new_tokens=4)
-    assert drafter.__dict__["_last_cycle_gate"][0]() is other
-    assert sum(t.count for t in drafter.__dict__["_last_cycle_gate"][2]._bias) < sum(t.count for t in second._bias)
+    assert hybrid._GATES[drafter][0]() is other
+    assert sum(t.count for t in hybrid._GATES[drafter][2]._bias) < sum(t.count for t in second._bias)
     gate = CycleGate({1: 10.0, 17: 14.0}, 16)
     for _ in range(500):
         gate.record_ngram(1.0)
@@ -525,7 +553,7 @@ def test_cost_gate_copy_cycles_stay_lossless_and_are_counted(monkeypatch):
         out = target.generate(prompt, assistant_model=drafter, max_new_tokens=60, tree_depth=2, tree_top_k=2,
                               tree_total_tokens=2)  # fmt: skip
         assert torch.equal(out, expected)
-    gate = drafter.__dict__["_last_cycle_gate"][2]
+    gate = hybrid._GATES[drafter][2]
     assert gate._copy_big.cycles > 0 and gate._copy_big.tokens >= gate._copy_small.tokens
     assert max(drafter.last_generation_stats.tree_sizes) > 17  # some copy cycle verified more than 16 nodes
 
@@ -547,3 +575,56 @@ def test_sampled_distribution_with_the_cost_gate_equals_target(kind, monkeypatch
     assert p_value > P_VALUE_FLOOR, p_value
     forwards_per_drafted_cycle = 2 if kind == "eagle" else 1  # depth 2: EAGLE commits then expands once
     assert calls[0] < forwards_per_drafted_cycle * num_cycles  # some cycles skipped the drafter
+
+
+# -- every trained family: the branches wrap any drafting session ---------------------------------
+def family_pair(name, **target_kwargs):
+    """(target, untrained drafter of family ``name``) for the family tests of the n-gram wrapper."""
+    if name == "s2d":
+        return sorted_pair(**target_kwargs)
+    target = make_target("llama", **target_kwargs)
+    if name == "eagle3":
+        return target, hf_spec.Eagle3Drafter.from_target(target, eagle_aux_hidden_state_layer_ids=[0, 1])
+    if name == "parallelspec":
+        return target, hf_spec.ParallelDrafter.from_target(target, num_mask_tokens=2, tree_widths=[2, 1],
+                                                           tree_total_tokens=3)  # fmt: skip
+    return target, hf_spec.EagleDrafter.from_target(target)
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["branches", "cost-gate"])
+@pytest.mark.parametrize("name", ["eagle", "eagle3", "parallelspec", "s2d"])
+def test_every_family_grafts_ngram_branches_and_matches_plain(name, gate, monkeypatch):
+    """ngram_branches (and the cost gate) wrap any family's session: greedy output equals plain generate(), and
+    n-gram nodes are accepted on a text that repeats itself."""
+    from hf_spec import verify_cost
+
+    monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
+    target, drafter = family_pair(name)
+    drafter.config.ngram_branches, drafter.config.ngram_cost_gate = 4, gate
+    drafter.config.ngram_copy_nodes, drafter.config.ngram_depth = 8, 8
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    trees = capture_trees(monkeypatch)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, do_sample=False, speed_controller=False)
+    assert torch.equal(out, expected)
+    stats = drafter.last_generation_stats
+    assert stats.accepted_from_ngram > 0 and trees
+    assert any(int(grafted.from_ngram.sum()) > 0 for _, grafted in trees if grafted.from_ngram is not None)
+    if not gate:
+        assert stats.drafter_skipped_cycles == 0
+
+
+@pytest.mark.parametrize("name", ["eagle3", "s2d"])
+def test_sampled_law_with_ngram_branches_is_exact_for_every_family(name, monkeypatch):
+    """Point-mass n-gram candidates ahead of the family's sampled ones keep the target's law (chi-square)."""
+    target, drafter = family_pair(name, vocab_size=VOCAB, logit_scale=8.0, seed=3)
+    seed_prompt = random_prompt(length=4, vocab_size=VOCAB, seed=11)
+    torch.manual_seed(0)
+    text = plain_generate(target, seed_prompt, max_new_tokens=24, do_sample=True, top_k=None, temperature=1.0)
+    prompt = torch.cat([text, seed_prompt], dim=1)  # its own text, then its start again: n-grams to follow
+    exact = exact_joint(target, prompt, warpers(temperature=1.0))
+    trees = capture_trees(monkeypatch)
+    counts, from_ngram = sample_counts(target, prompt, drafter, 1234, "accepted_from_ngram", ngram_branches=4,
+                                       tree_depth=3, tree_top_k=2, tree_total_tokens=4, temperature=1.0)  # fmt: skip
+    assert chi_square_pvalue(counts, exact) > P_VALUE_FLOOR
+    assert from_ngram > 100 and trees  # n-gram nodes are accepted: the point-mass path is exercised

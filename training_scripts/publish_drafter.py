@@ -96,7 +96,8 @@ def main(argv=None):
     if args.ngram_depth is not None:
         drafter.config.ngram_depth = args.ngram_depth
     if args.ngram_datastore:
-        from hf_spec.drafters.datastore import NGramDatastore, datastore_from_feature_cache
+        from hf_spec.drafters.datastore import NGramDatastore
+        from hf_spec.training.data import datastore_from_feature_cache
 
         drafter.ngram_datastore = NGramDatastore.merge(
             NGramDatastore.load(source) if source.endswith(".safetensors") else datastore_from_feature_cache(source)

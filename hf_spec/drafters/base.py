@@ -12,7 +12,7 @@ from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 from .. import compat, draft_vocab
 from ..shape_select import check_candidates
 from ..tree.dynamic import TreeShape
-from .session import DraftingSession
+from .session import DraftingSession, check_ngram_branches
 
 
 CHECKPOINT_FORMAT_VERSION = "0.1"
@@ -33,6 +33,13 @@ def _check_format_version(saved: str | None, config_name: str) -> None:
             f"This drafter was saved with hf-spec checkpoint format {saved}, newer than the {CHECKPOINT_FORMAT_VERSION} "
             "this installation reads. Fix: upgrade hf-spec (`pip install -U hf-spec`)."
         )
+
+
+def _suffix_length(value, name: str) -> int:
+    """``value`` if it is a positive integer (a count of context suffix tokens), else a ValueError naming ``name``."""
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer (suffix tokens), got {value!r}.")
+    return value
 
 
 class SpecDrafterConfig(PretrainedConfig):
@@ -58,6 +65,24 @@ class SpecDrafterConfig(PretrainedConfig):
         draft_vocab_size: D, the size of the draft vocabulary (:mod:`hf_spec.draft_vocab`): the
             drafter scores only D target ids, held in its ``d2t``/``t2d`` buffers. None: the full
             target vocabulary.
+        ngram_branches: up to this many nodes of context n-gram continuations are grafted into each drafted
+            tree, whatever the family (:mod:`hf_spec.drafters.hybrid`; 0: off). ``generate(...,
+            ngram_branches=N)`` overrides it for one call. (:class:`~hf_spec.NGramDrafter` drafts n-gram trees
+            alone and ignores the ``ngram_*`` fields.)
+        ngram_depth: deepest grafted n-gram node (None: the drafter tree's depth). N-gram continuations cost no
+            drafter forward, only verification rows, so they may reach deeper than the drafter's own tree.
+        ngram_max_match: the longest context suffix the n-gram index matches (default 4). Continuations of longer
+            matches rank first, and a match of the whole ``ngram_max_match`` tokens makes a copy cycle.
+        ngram_copy_nodes: on a cycle whose context repeats the whole ``ngram_max_match``-token suffix (the text is
+            being copied, e.g. an edit of code in the prompt), up to this many n-gram nodes are grafted instead of
+            ``ngram_branches`` (0: no such boost); under ``ngram_cost_gate``, the budget of a copy cycle's trie.
+        ngram_cost_gate: decide each cycle by expected value whether to run the drafter at all. Every cycle builds
+            the n-gram trie as :class:`~hf_spec.NGramDrafter` would (up to ``ngram_copy_nodes``, else 16, nodes to
+            ``ngram_depth``, cut by this machine's measured verification cost); the drafter runs, its tree taking
+            at least that trie's nodes as branches, only when the tokens it has added so far to tries of the same
+            expected yield (exact in greedy decoding) pay for its forwards and nodes
+            (:class:`~hf_spec.drafters.ngram.CycleGate`); else the trie alone is verified. Needs ``ngram_branches``
+            > 0. Default False.
     """
 
     model_type = "hf_spec_drafter"
@@ -81,6 +106,11 @@ class SpecDrafterConfig(PretrainedConfig):
         tree_shape_candidates: list[dict] | None = None,
         auto_tree_shape: bool | None = None,
         tree_min_prob: float = 0.0,
+        ngram_branches: int = 0,
+        ngram_depth: int | None = None,
+        ngram_max_match: int = 4,
+        ngram_copy_nodes: int = 0,
+        ngram_cost_gate: bool = False,
         **kwargs,
     ):
         _check_format_version(hf_spec_version, type(self).__name__)
@@ -101,6 +131,13 @@ class SpecDrafterConfig(PretrainedConfig):
         self.draft_vocab_size = draft_vocab_size
         self.tree_shape_candidates = check_candidates(tree_shape_candidates) or None
         self.auto_tree_shape = auto_tree_shape
+        self.ngram_branches = check_ngram_branches(ngram_branches)
+        self.ngram_max_match = _suffix_length(ngram_max_match, "ngram_max_match")
+        self.ngram_copy_nodes = check_ngram_branches(ngram_copy_nodes, "ngram_copy_nodes")
+        if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
+            raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
+        self.ngram_depth = ngram_depth
+        self.ngram_cost_gate = bool(ngram_cost_gate)
         super().__init__(**kwargs)
 
     @property
@@ -171,6 +208,9 @@ class SpecDrafterModel(PreTrainedModel):
     _no_split_modules = []
     supports_tree_min_prob = False
     """Whether the family grows dynamic trees that honour ``tree_min_prob`` (EAGLE family)."""
+    supports_ngram_branches = True
+    """Whether context n-gram branches can be grafted into the family's trees (``ngram_branches``): every trained
+    family; not :class:`~hf_spec.NGramDrafter`, whose trees are n-gram tries already."""
 
     def __init__(self, config: SpecDrafterConfig):
         super().__init__(config)

@@ -137,16 +137,6 @@ class NGramDatastore:
         return cls(tokens, int(meta.get("min_match", 2)), int(meta.get("max_match", 4)))
 
 
-def datastore_from_feature_cache(path, min_match: int = 2, max_match: int = 4) -> NGramDatastore:
-    """A datastore over the answer (loss) tokens of a training feature cache: after self-distillation
-    (:mod:`hf_spec.training.distill`) those are the target's own greedy answers."""
-    from ..training.data import load_feature_cache
-
-    cache = load_feature_cache(str(path))[0].select_columns(["input_ids", "loss_mask"])
-    documents = ([t for t, m in zip(row["input_ids"], row["loss_mask"]) if m] for row in cache)
-    return NGramDatastore.from_documents(documents, min_match, max_match)
-
-
 def find_datastore(name_or_path, **hub_kwargs) -> NGramDatastore | None:
     """The datastore saved with a checkpoint (local directory or Hub repo), or None if it has none."""
     if os.path.isdir(str(name_or_path)):

@@ -9,7 +9,6 @@ directly) and no final norm is applied: the target features are already post-nor
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -26,15 +25,8 @@ from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ..tree.tree import DraftTree, causal_mask
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .layer_config import _NOT_LAYER_FIELDS, decoder_layer_config
-from .ngram import DEFAULT_DRAFT_DEPTH, DEFAULT_DRAFT_NODES, CycleGate, NGramBranches
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
-from .session import DraftingSession, check_ngram_branches
-
-# hf-spec:hub-begin -- the n-gram cost gate reads this machine's measured verification costs (_with_cycle_gate); a
-# remote-code drafter never drafts, so its copy leaves them out.
-from .. import verify_cost
-
-# hf-spec:hub-end
+from .session import DraftingSession
 
 DECODER_LAYERS = {
     "llama": (LlamaDecoderLayer, LlamaRotaryEmbedding),
@@ -42,13 +34,6 @@ DECODER_LAYERS = {
     "mistral": (MistralDecoderLayer, MistralRotaryEmbedding),
 }
 """model_type -> (decoder layer class, rotary embedding class) taken from transformers."""
-
-
-def _suffix_length(value, name: str) -> int:
-    """``value`` if it is a positive integer (a count of context suffix tokens), else a ValueError naming ``name``."""
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer (suffix tokens), got {value!r}.")
-    return value
 
 
 class EagleDrafterConfig(SpecDrafterConfig):
@@ -63,26 +48,6 @@ class EagleDrafterConfig(SpecDrafterConfig):
         router_top_n: groups whose LM-head rows are computed per draft row (CORAL: 2).
         use_router: draft through the router when the checkpoint has one (``generate(...,
             use_router=False)`` turns it off for one call).
-        ngram_branches: up to this many nodes of context n-gram continuations are grafted
-            into each drafted tree (:class:`hf_spec.drafters.ngram.NGramBranches`; 0: off).
-            ``generate(..., ngram_branches=N)`` overrides it for one call.
-        ngram_depth: deepest grafted n-gram node (None: the drafter tree's depth). N-gram
-            continuations cost no drafter forward, only verification rows, so they may reach
-            deeper than the drafter's own (tuned, often shallow) tree.
-        ngram_max_match: the longest context suffix the n-gram index matches (default 4). Continuations of longer
-            matches rank first, and a match of the whole ``ngram_max_match`` tokens makes a copy cycle.
-        ngram_copy_nodes: on a cycle whose context repeats the whole ``ngram_max_match``-token
-            suffix (4 tokens: the text is being copied, e.g. an edit of code in the prompt), up to
-            this many n-gram nodes are grafted instead of ``ngram_branches`` (0: no such boost),
-            so copies get the long chains prompt lookup would draft while other cycles stay cheap;
-            under ``ngram_cost_gate``, the budget of a copy cycle's n-gram trie.
-        ngram_cost_gate: decide each cycle by expected value whether to run the drafter at all. Every
-            cycle builds the n-gram trie as :class:`~hf_spec.NGramDrafter` would (up to ``ngram_copy_nodes``, else
-            16, nodes to ``ngram_depth``, cut by this machine's measured verification cost); the drafter runs, its
-            tree taking at least that trie's nodes as branches, only when the tokens it has added so far to tries
-            of the same expected yield (exact in greedy decoding) pay for its forwards and nodes
-            (:class:`~hf_spec.drafters.ngram.CycleGate`); else the trie alone is verified. Needs ``ngram_branches``
-            > 0. Default False.
     """
 
     model_type = "hf_spec_eagle"
@@ -95,20 +60,8 @@ class EagleDrafterConfig(SpecDrafterConfig):
         router_num_groups: int | None = None,
         router_top_n: int = 2,
         use_router: bool = True,
-        ngram_branches: int = 0,
-        ngram_depth: int | None = None,
-        ngram_max_match: int = 4,
-        ngram_copy_nodes: int = 0,
-        ngram_cost_gate: bool = False,
         **kwargs,
     ):
-        self.ngram_branches = check_ngram_branches(ngram_branches)
-        self.ngram_max_match = _suffix_length(ngram_max_match, "ngram_max_match")
-        self.ngram_copy_nodes = check_ngram_branches(ngram_copy_nodes, "ngram_copy_nodes")
-        if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
-            raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
-        self.ngram_depth = ngram_depth
-        self.ngram_cost_gate = bool(ngram_cost_gate)
         self.num_layers = num_layers
         self.layer_config = layer_config or {}
         self.router_num_groups = router_num_groups
@@ -295,29 +248,8 @@ class EagleDrafter(SpecDrafterModel):
             past_key_values=past_key_values,
         )
 
-    # hf-spec:hub-begin -- the cost gate reads this machine's measured costs (hf_spec.verify_cost); a remote-code drafter
-    # never drafts (generate() asks for hf-spec), so these lines are left out of it.
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
-        return self._with_cycle_gate(EagleDraftingSession(self, shape, do_sample, temperature, prompt_ids), target)
-
-    def _with_cycle_gate(self, session: EagleDraftingSession, target) -> EagleDraftingSession:
-        """``session`` with its cost gate when ``ngram_cost_gate`` is on (and n-gram branches and a target are
-        there): the last call's, carried over when it had the same target (same object, dtype and device), so
-        what it measured of the drafter's gain and cost is not paid for again on every call; else a new one on the
-        target's measured verification costs."""
-        if not (self.config.ngram_cost_gate and session.ngram_branches > 0 and target is not None):
-            return session
-        key = (target.dtype, target.device)
-        last = getattr(self, "_last_cycle_gate", None)
-        if last is not None and last[0]() is target and last[1] == key:
-            gate = last[2].carried_over()
-        else:
-            gate = CycleGate(verify_cost.verify_cost_curve(target), session.gate_nodes())
-        self._last_cycle_gate = (weakref.ref(target), key, gate)  # the session updates the gate in place
-        session.gate = gate
-        return session
-
-    # hf-spec:hub-end
+        return EagleDraftingSession(self, shape, do_sample, temperature, prompt_ids)
 
 
 def positions_and_mask(x: torch.Tensor, position_ids, attention_mask, past_key_values):
@@ -345,13 +277,8 @@ class EagleDraftingSession(DraftingSession):
     Drafter position t holds the pair (target feature f_t, token x_{t+1}). Each cycle,
     :meth:`propose` appends the pairs the last verification committed (the accepted path and
     the new root token), grows a dynamic tree whose nodes attend to the committed cache and
-    their own ancestors, then crops the tree's entries away again. With ``ngram_branches`` > 0
-    it also indexes prompt + committed tokens and grafts n-gram continuations into the tree
-    (:meth:`graft_ngram`); those nodes never run through the drafter, so its cache holds only
-    committed pairs, as without them.
+    their own ancestors, then crops the tree's entries away again.
     """
-
-    supports_ngram_branches = True
 
     def __init__(self, drafter: EagleDrafter, shape: TreeShape, do_sample: bool, temperature: float, prompt_ids=None):
         self.drafter = drafter
@@ -366,98 +293,11 @@ class EagleDraftingSession(DraftingSession):
         self.vocab_ids = draft_ids if draft_ids is not None and draft_ids.numel() >= shape.top_k else None
         """Target ids of the draft vocabulary when the tree is grown over it (draft log-probabilities (R, D),
         drawn ids mapped back); None: over the full vocabulary."""
-        self.ngram_branches = drafter.config.ngram_branches
-        """N-gram nodes grafted per tree (0: off); set before the first :meth:`propose`."""
-        self.prompt_ids = prompt_ids
-        self._ngram = None
-        self._deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
-        """Committed (features, tokens) of cycles that skipped the drafter (the cost gate's n-gram-only cycles), not
-        yet in its cache."""
-        self.skipped_cycles = 0
-        """Cycles that drafted the n-gram trie alone (no drafter forward)."""
-        self.gate: CycleGate | None = None
-        """With ``ngram_cost_gate``: chooses each cycle between the n-gram trie alone and drafting."""
-        self._run_seconds: list[float] = []
-        """This cycle's drafter forwards' times (the cost gate's view of one drafted cycle)."""
-        self._gated: tuple[float, DraftTree] | None = None
-        """This cycle's n-gram trie under :attr:`gate`: its expected committed tokens and the trie itself (None: not
-        weighed)."""
 
     @property
     def supports_router(self) -> bool:
         """A CORAL LM-head router to draft through: only drafters that have one."""
         return self.drafter.router is not None
-
-    def record(self, stats) -> None:
-        super().record(stats)
-        stats.drafter_skipped_cycles += self.skipped_cycles
-
-    def _index_ngrams(self, next_tokens: torch.Tensor) -> list[int] | None:
-        """Index the committed ``next_tokens`` for the n-gram branches and return them as a list (one host
-        read); None when the branches are off."""
-        if self.ngram_branches <= 0:
-            return None
-        if self._ngram is None:
-            if self.prompt_ids is None:
-                raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
-            config = self.drafter.config
-            self._ngram = NGramBranches(self.prompt_ids, max_match=config.ngram_max_match,
-                                        datastore=self.drafter.ngram_datastore,
-                                        copy_nodes=config.ngram_copy_nodes)  # fmt: skip
-        return self._ngram.extend(next_tokens)
-
-    def graft_ngram(self, tree: DraftTree) -> DraftTree:
-        """Graft up to ``ngram_branches`` n-gram nodes (``ngram_copy_nodes`` on a copy cycle; under the cost gate
-        at least as many as its cost-sized trie holds) into ``tree`` (unchanged when the option is off)."""
-        if self.ngram_branches <= 0:
-            return tree
-        start = timing.clock(self.drafter.device)
-        config = self.drafter.config
-        branches = max(self.ngram_branches, len(self._gated[1]) - 1) if self._gated is not None else self.ngram_branches
-        tree = self._ngram.graft(tree, self.shape, branches, self.do_sample, depth=config.ngram_depth)
-        self.forward_seconds += timing.clock(self.drafter.device) - start
-        return tree
-
-    def copy_or_commit(self, features: torch.Tensor, next_tokens: torch.Tensor):
-        """Index the committed tokens for the n-gram branches. On a cycle where the cost gate prefers the n-gram
-        trie alone (:meth:`_gated_tree`) return ``(n-gram tree, None, None)`` and keep the pairs for later; else
-        ``(None, features, next_tokens)`` with any kept pairs in front, for the drafter."""
-        self._gated = None
-        committed = self._index_ngrams(next_tokens)
-        if committed is not None and self.gate is not None:
-            self.gate.record_committed(committed)
-            copy = self._gated_tree(next_tokens[-1])
-            if copy is not None:  # the drafter reads these pairs with the next drafted cycle's
-                self._deferred.append((features, next_tokens))
-                self.skipped_cycles += 1
-                return copy, None, None
-        if self._deferred:
-            features = torch.cat([*(f for f, _ in self._deferred), features])
-            next_tokens = torch.cat([*(t for _, t in self._deferred), next_tokens])
-            self._deferred = []
-        return None, features, next_tokens
-
-    def gate_nodes(self) -> int:
-        """Most nodes of the n-gram trie that :attr:`gate` weighs against drafting (``ngram_copy_nodes`` on a copy
-        cycle; on others :data:`~hf_spec.drafters.ngram.DEFAULT_DRAFT_NODES`, as :class:`~hf_spec.NGramDrafter`)."""
-        return max(self.drafter.config.ngram_copy_nodes, DEFAULT_DRAFT_NODES)
-
-    def _gated_tree(self, root_token: torch.Tensor) -> DraftTree | None:
-        """The n-gram trie alone, sized by this machine's costs (a copy cycle's by :meth:`CycleGate.copy_trie`), if
-        :attr:`gate` prefers it to drafting; else None."""
-        start = timing.clock(self.drafter.device)
-        depth = self.drafter.config.ngram_depth or self.gate_nodes()
-        if self._ngram.copy_budget(depth) > DEFAULT_DRAFT_NODES:  # a copy cycle
-            trie = self.gate.copy_trie(self._ngram.sized_trie(self.gate_nodes(), depth, self.gate.node_costs))
-        else:  # as NGramDrafter drafts (not the drafter tree's branching: the trie alone is verified)
-            trie = self._ngram.sized_trie(DEFAULT_DRAFT_NODES, min(depth, DEFAULT_DRAFT_DEPTH), self.gate.node_costs)
-        tree, expected = self._ngram.trie_tree(int(root_token), trie, root_token.device)
-        self.forward_seconds += timing.clock(self.drafter.device) - start
-        self._gated = (expected, tree)
-        if not self.gate.prefers_ngram(expected, len(tree) - 1):
-            return None
-        self.gate.record_ngram(expected)
-        return tree
 
     def _run(self, tokens, features, positions, mask, last_only: bool = False):
         """One drafter forward; log-probabilities for every row, or for the last one only."""
@@ -477,32 +317,12 @@ class EagleDraftingSession(DraftingSession):
         # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
         # propose nothing, and verification falls back to the target alone.
         logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
-        seconds = timing.clock(self.drafter.device) - start
-        self.forward_seconds += seconds
-        self._run_seconds.append(seconds)
+        self.forward_seconds += timing.clock(self.drafter.device) - start
         return hidden, logq
 
     def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
-        """Commit pairs (features[i], next_tokens[i]) and draft a tree rooted at ``next_tokens[-1]``."""
-        copy, features, next_tokens = self.copy_or_commit(features, next_tokens)
-        if copy is not None:
-            return copy
-        gated, reads_prompt = self._gated is not None, self.committed == 0  # gated: the gate weighed this cycle
-        drafting_started = timing.clock(self.drafter.device) if gated else 0.0  # (a CUDA sync only then)
-        self._run_seconds = []
-        tree = self._draft(features, next_tokens)
-        if gated:
-            drafter_nodes = len(tree) - 1 - (int(tree.from_ngram.sum()) if tree.from_ngram is not None else 0)
-            seconds = timing.clock(self.drafter.device) - drafting_started  # host work included
-            if reads_prompt:  # the first forward read the whole prompt, no cycle's cost: count a later one instead
-                runs = self._run_seconds
-                seconds = seconds - runs[0] + runs[-1] if len(runs) > 1 else None
-            draft_ms = None if seconds is None else 1000.0 * seconds
-            self.gate.record_drafted(drafter_nodes, draft_ms, *self._gated)
-        return tree
-
-    def _draft(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
-        """Commit the pairs to the drafter's cache and grow its dynamic tree (+ n-gram branches)."""
+        """Commit pairs (features[i], next_tokens[i]) to the drafter's cache and grow its dynamic tree rooted at
+        ``next_tokens[-1]``."""
         device = features.device
         m = features.shape[0]
         positions = torch.arange(self.committed, self.committed + m, device=device)
@@ -529,8 +349,7 @@ class EagleDraftingSession(DraftingSession):
             return out_logq
 
         try:
-            tree = grow_dynamic_tree(next_tokens[-1], logq[-1], expand, shape, self.do_sample,  # no host read
+            return grow_dynamic_tree(next_tokens[-1], logq[-1], expand, shape, self.do_sample,  # no host read
                                      vocab_ids=self.vocab_ids, vocab_size=self.drafter.config.target_vocab_size)
         finally:
             crop_to(self.cache, committed)
-        return self.graft_ngram(tree)

@@ -861,6 +861,7 @@ class NGramDrafter(SpecDrafterModel):
     num_draft_tokens for one call."""
 
     config_class = NGramDrafterConfig
+    supports_ngram_branches = False  # its trees are n-gram tries already
 
     def __init__(self, config: NGramDrafterConfig | None = None, datastore=None, **config_kwargs):
         if config is None:

@@ -148,7 +148,7 @@ class ParallelDrafter(EagleDrafter):
     def new_drafting_session(self, target, shape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
         if not isinstance(shape, StaticTreeShape):
             shape = self.tree_shape(shape.depth, None, shape.total_tokens)
-        return self._with_cycle_gate(ParallelDraftingSession(self, shape, do_sample, temperature, prompt_ids), target)
+        return ParallelDraftingSession(self, shape, do_sample, temperature, prompt_ids)
 
 
 class ParallelDraftingSession(EagleDraftingSession):
@@ -200,10 +200,8 @@ class ParallelDraftingSession(EagleDraftingSession):
         self.last_logq = logq
         return logq
 
-    def _draft(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
-        """Commit the pairs and draft a static tree rooted at ``next_tokens[-1]`` (+ n-gram branches); the
-        inherited :meth:`propose` handles the cost gate (cycles of the n-gram trie alone)."""
+    def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
+        """Commit the pairs and draft a static tree rooted at ``next_tokens[-1]``."""
         logq = self.draft_distributions(features, next_tokens)
-        tree = build_static_tree(int(next_tokens[-1]), logq, self.shape.widths, self.do_sample,
+        return build_static_tree(int(next_tokens[-1]), logq, self.shape.widths, self.do_sample,
                                  total_tokens=self.shape.total_tokens)  # fmt: skip
-        return self.graft_ngram(tree)

@@ -2,15 +2,13 @@
 
 A drafter's ``new_drafting_session(...)`` returns a :class:`DraftingSession` subclass: the
 drafting state of ONE sequence (one batch row) for one ``generate()`` call. The loop calls
-:meth:`~DraftingSession.propose` once per cycle, sets the per-call options it declares
-(:attr:`~DraftingSession.ngram_branches`, :attr:`~DraftingSession.use_router`) before the first
-call when the session supports them, and at the end lets the session add its own counters to
-the row's stats (:meth:`~DraftingSession.record`).
+:meth:`~DraftingSession.propose` once per cycle, sets :attr:`~DraftingSession.use_router` before
+the first call when the session supports it, and at the end lets the session add its own counters
+to the row's stats (:meth:`~DraftingSession.record`). Context n-gram branches are no family's
+business: the loop wraps any session in :class:`~hf_spec.drafters.hybrid.NGramHybridSession`.
 """
 
 from __future__ import annotations
-
-from typing import ClassVar
 
 import torch
 
@@ -27,19 +25,14 @@ def check_ngram_branches(value, name: str = "ngram_branches") -> int:
 class DraftingSession:
     """Drafting state of one sequence in one generate() call (subclass per drafter family).
 
-    Capabilities the loop checks before setting a per-call option (no attribute probing):
-    ``supports_ngram_branches`` (the session grafts context n-gram branches into its trees)
-    and ``supports_router`` (it can draft through a CORAL LM-head router; a family may make it
-    a property of the drafter instance).
+    ``supports_router``: whether it can draft through a CORAL LM-head router, which the loop checks
+    before setting :attr:`use_router` (a family may make it a property of the drafter instance).
     """
 
-    supports_ngram_branches: ClassVar[bool] = False
     supports_router: bool = False
 
     forward_seconds: float = 0.0
     """Seconds spent drafting (drafter forwards, n-gram lookups), accumulated by :meth:`propose`."""
-    ngram_branches: int = 0
-    """N-gram nodes grafted per tree (0: off); only meaningful when ``supports_ngram_branches``."""
     use_router: bool | None = None
     """Draft through the LM-head router (None: the session has none); only when ``supports_router``."""
 

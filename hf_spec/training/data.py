@@ -362,6 +362,16 @@ def load_feature_cache(path: str, aux_layer_ids=None):
     return dataset, meta["storage"]
 
 
+def datastore_from_feature_cache(path, min_match: int = 2, max_match: int = 4):
+    """An :class:`~hf_spec.drafters.datastore.NGramDatastore` over the answer (loss) tokens of a training feature
+    cache: after self-distillation (:mod:`hf_spec.training.distill`) those are the target's own greedy answers."""
+    from ..drafters.datastore import NGramDatastore
+
+    cache = load_feature_cache(str(path))[0].select_columns(["input_ids", "loss_mask"])
+    documents = ([t for t, m in zip(row["input_ids"], row["loss_mask"]) if m] for row in cache)
+    return NGramDatastore.from_documents(documents, min_match, max_match)
+
+
 def layer_cache_dir(base: str, layer_ids) -> str:
     """Where the copy of cache ``base`` extended with the inputs of target layers ``layer_ids`` lives (beside it)."""
     return f"{os.path.normpath(base)}+layers-{'-'.join(str(int(i)) for i in sorted(layer_ids))}"
