@@ -21,11 +21,9 @@ SHIPPED_DRAFTERS = Path(__file__).resolve().parents[1] / "drafters"
 
 
 DEMO_DRAFTER_ORDER = ("eagle", "coral", "hass")
-"""Shipped drafter families, best first: by the geometric mean of their speedup over plain greedy over every data-set
-cell (3 sets x first 3 / 6..8 / 9..11 prompts, plus code edits) of the recorded Zen 4 bf16 benches
-(benchmarks/smollm2-drafters-that-pay/zen4_bf16_session28 and zen4_bf16_session29_warmstart: EAGLE 1.93 / 2.01,
-CORAL 1.93 / 1.92, HASS 1.86 / 1.87; zen4_bf16_session32, first 3 / 15..19 / code edits: EAGLE 1.80, CORAL 1.81,
-HASS 1.67, so EAGLE stays first over all three runs); the demo's own prompts were never used to choose."""
+"""Shipped drafter families, best first: by the geometric mean of their speedup over plain greedy on the project's
+benchmark prompts (EAGLE, CORAL and HASS within a few percent of each other; see benchmarks/README.md); the demo's
+own prompts were never used to choose."""
 
 
 def shipped_drafter_path(target_name: str) -> Path | None:

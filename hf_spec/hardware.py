@@ -6,7 +6,7 @@ BF16 on Arm) PyTorch emulates bf16 matrix products: a one-token step is still fa
 reading the weights, and bf16 weights are half the bytes), but a k-token forward costs about k steps,
 so no draft tree can pay. Measured on a 2-core AMD EPYC (Zen 3, AVX2 only), SmolLM2-135M, 2 threads,
 one forward after a 200-token prefix: bf16 38 ms for 1 token, 249 ms for 16, 481 ms for 32; float32
-66 / 135 / 185 ms (``benchmarks/cpu_without_bf16/``). There float32 is the dtype for speculative
+66 / 135 / 185 ms. There float32 is the dtype for speculative
 decoding; ``dtype="auto"`` (the CLI default) picks it.
 
 float32 products go to MKL, whose default dispatch on AMD CPUs takes a slow path for the few-row

@@ -11,7 +11,7 @@ forward) and ``verified_nodes`` (tree nodes verified per cycle, root included).
 The candidates are the rungs the online speed controller (:mod:`hf_spec.controller`) chooses among at
 run time, from this process's own measured cycles; their ``tau`` and ``verified_nodes`` are priors only,
 never a decision. ``hf_spec.tune.measure_candidates`` measures them offline
-(``benchmarks/shape_candidates/``) and ``hf_spec.tune.write_shape_candidates`` stores them in a config.
+(``training_scripts/measure_shape_candidates.py``) and ``hf_spec.tune.write_shape_candidates`` stores them in a config.
 
 This module is pure (no models, nothing else of hf_spec), so a drafter config can validate its
 candidates, and the controller read them, without importing any measurement code. It also holds the
@@ -55,7 +55,7 @@ def check_candidates(candidates) -> list[dict]:
                 + (f"unknown keys {sorted(unknown)}; " if unknown else "")
                 + (f"missing numbers {missing}; " if missing else "")
                 + f"a candidate sets {CANDIDATE_OPTIONS} (None: the configured value) and records {CANDIDATE_RESULTS}. "
-                "Fix: measure them with hf_spec.tune.measure_candidates (benchmarks/shape_candidates/)."
+                "Fix: measure them with training_scripts/measure_shape_candidates.py (hf_spec.tune.measure_candidates)."
             )
         if candidate["tau"] < 1 or candidate["verified_nodes"] < 1:
             raise ValueError(f"tree_shape_candidates[{i}]: tau and verified_nodes are >= 1 (root included), got {candidate}.")

@@ -600,7 +600,7 @@ def verify_cost_curve(model, prefix, grid, repeats, device) -> dict:
     forward hf-spec verifies with; on a CPU hf-spec also turns on transformers' masked-GQA SDPA switch.)"""
     from transformers import DynamicCache
 
-    from hf_spec.tree.tree import DraftTree
+    from hf_spec import DraftTree
 
     base, head = model.base_model, model.get_output_embeddings()
     vocab = model.config.get_text_config().vocab_size

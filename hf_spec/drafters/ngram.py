@@ -21,8 +21,8 @@ the context weighs more than a datastore's corpus), the product along its path; 
 most ``max_branches`` children per node, ``max_depth`` deep, ``num_draft_tokens`` nodes) and, with
 ``node_cost`` > 0, the tree keeps only as many as pay for their verification: deep chains where text is being
 copied, the root alone where no occurrence is likely to be followed (the cycle is then one plain decoding
-step). The model, its fit and what it gained over session 36's count-ranked, fixed-size trees:
-benchmarks/ngram_policy/scored_trees.md. These functions take plain token lists, not a session, so the same
+step). The model, its fit and what it gained over count-ranked, fixed-size trees:
+benchmarks/ngram_policy/README.md. These functions take plain token lists, not a session, so the same
 trie can be grafted into a trained drafter's tree (:class:`NGramBranches`, without the size cut: the hybrid's
 budgets decide there).
 
@@ -188,8 +188,8 @@ class TrieNodes:
         )
 
 
-# The acceptance model of :func:`scored_trie` (session 37). Fitted on replays of SmolLM2-135M-Instruct's greedy
-# answers to 168 prompts of four data sets (benchmarks/ngram_policy/scored_trees.md): a drafted node that follows
+# The acceptance model of :func:`scored_trie`. Fitted on replays of SmolLM2-135M-Instruct's greedy
+# answers to 168 prompts of four data sets (benchmarks/ngram_policy/README.md): a drafted node that follows
 # an occurrence matching the context's last m tokens is what the target writes next with probability about
 # share * (1 - 0.7 * m ** -0.75), where share is the fraction of that match length's occurrences (through the
 # parent) that continue with this token. m grows by one with every drafted token along the occurrence: an
@@ -210,7 +210,7 @@ MEASURED_MATCH = 32
 COST_MARGIN = 1.2
 """:func:`relative_node_costs` prices every verified node 1.2x what this machine's measured curve says: the
 acceptance model is optimistic on text it was not fitted on, and a slightly dearer node makes up for it (on
-SmolLM2-135M bf16 on a 2-core Zen 4 this gives session 37's fitted 0.035 per node; benchmarks/ngram_policy/)."""
+SmolLM2-135M bf16 on a 2-core Zen 4 this gives the fitted 0.035 per node; benchmarks/ngram_policy/)."""
 FALLBACK_NODE_COST = 0.035
 """Per-node cost where no target can be timed (a drafting session made without one, as the replays make)."""
 

@@ -3,7 +3,7 @@
 #   1. self-distil 4,480 ShareGPT first turns, keeping the target's features (one target pass)
 #   2. train EAGLE, HASS, ParallelSpec and CORAL on that cache, EPOCHS (default 2) epochs each, same settings
 #   3. publish each into drafters/; measure each drafter's shape candidates (tau, verified nodes) on held-aside
-#      prompts (3..5 of each set) for the run-time shape choice (benchmarks/shape_candidates/)
+#      prompts (33..37 of each set): the rungs the online speed controller chooses among
 #   4. benchmark: first 3 prompts of each set, then held-out prompts 6..8, all methods interleaved; then
 #      input-grounded code editing (plain, prompt lookup, n-gram, HASS, HASS + n-gram branches)
 # Every step resumes: the distillation by shard, training from its last checkpoint (a DONE file marks a
@@ -49,9 +49,8 @@ if [[ " $STEPS " == *" publish "* ]]; then
     python training_scripts/publish_drafter.py runs/train/$method $D-$method --command "$RECIPE" \
       --ngram-datastore $CACHE $([ "$method" = parallelspec ] && echo --tree-widths 2 1)
   done
-  # the shape candidates each drafter chooses among at run time, measured on held-aside prompts 3..5
-  python benchmarks/shape_candidates/measure.py benchmarks/shape_candidates/candidates.json $METHODS
-  python benchmarks/shape_candidates/write.py benchmarks/shape_candidates/candidates.json
+  # the shape candidates each drafter's speed controller chooses among at run time
+  python training_scripts/measure_shape_candidates.py $(for method in $METHODS; do echo $D-$method; done)
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
   # every drafter with its run-time shape and the folder's n-gram settings, beside plain, prompt lookup and the
