@@ -379,3 +379,24 @@ def test_bench_method_hf_spec_ngram():
     summary = summarize(rows, [m.name for m in methods])["all"]["hf_spec:ngram"]
     assert summary["identical"] == 2 and summary["tau"] > 1.5
     assert all(r["accepted_lengths"] for r in rows if r["method"] == "hf_spec:ngram")
+
+
+def test_an_ngram_drafter_saves_and_loads_back_with_its_datastore(tmp_path):
+    """A weightless drafter saves its config and datastore (no weights to save) and AutoDrafter loads it back:
+    the same settings, the same corpus, the same greedy output."""
+    from hf_spec.drafters.datastore import NGramDatastore
+
+    target = make_target("llama")
+    prompt = random_prompt(12)
+    store = NGramDatastore.from_documents([prompt[0].tolist() * 2], min_match=1, max_match=3)
+    drafter = hf_spec.NGramDrafter(max_depth=5, num_draft_tokens=7, datastore=store)
+    drafter.save_pretrained(tmp_path)
+    loaded = hf_spec.AutoDrafter.from_pretrained(tmp_path)
+    assert isinstance(loaded, hf_spec.NGramDrafter)
+    assert (loaded.config.max_depth, loaded.config.num_draft_tokens) == (5, 7)
+    assert loaded.ngram_datastore is not None and (loaded.ngram_datastore.tokens == store.tokens).all()
+    expected = plain_generate(target, prompt, max_new_tokens=20, do_sample=False)
+    assert torch.equal(target.generate(prompt, assistant_model=loaded, max_new_tokens=20, do_sample=False), expected)
+    drafter.ngram_datastore = None
+    drafter.save_pretrained(tmp_path / "plain")
+    assert hf_spec.AutoDrafter.from_pretrained(tmp_path / "plain").ngram_datastore is None

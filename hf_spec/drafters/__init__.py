@@ -1,6 +1,6 @@
 """Drafter families: one module per family, each a PretrainedConfig + PreTrainedModel.
 
-Importing this package registers every family that loads from a checkpoint in :mod:`.registry` (the table
+Importing this package registers every family in :mod:`.registry` (the table
 ``model_type`` -> classes) and with transformers' ``AutoConfig``/``AutoModel``.
 """
 
@@ -17,6 +17,7 @@ for _config_class, _model_class in (
     (Eagle3DrafterConfig, Eagle3Drafter),
     (SortedDrafterConfig, SortedDrafter),
     (ParallelDrafterConfig, ParallelDrafter),
+    (NGramDrafterConfig, NGramDrafter),
 ):
     register(_config_class, _model_class)
 del _config_class, _model_class

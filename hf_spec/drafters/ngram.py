@@ -43,6 +43,7 @@ from __future__ import annotations
 import copy
 import heapq
 import itertools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -871,6 +872,27 @@ class NGramDrafter(SpecDrafterModel):
         super().__init__(config)
         self.ngram_datastore = datastore
         self.post_init()
+
+    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
+        """Write the config (and ``ngram_datastore.safetensors`` when the drafter has a datastore): a weightless
+        drafter has nothing else to save. :class:`~hf_spec.AutoDrafter` and :meth:`from_pretrained` read it back."""
+        if not is_main_process:
+            return
+        os.makedirs(save_directory, exist_ok=True)
+        self.config.save_pretrained(save_directory)
+        if self.ngram_datastore is not None:
+            self.ngram_datastore.save(save_directory)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, **kwargs):
+        """The drafter saved by :meth:`save_pretrained` (local directory or Hub repo): its config and datastore."""
+        from .datastore import find_datastore
+
+        if not isinstance(config, NGramDrafterConfig):
+            hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only", "force_download")
+                   if k in kwargs}  # fmt: skip
+            config = NGramDrafterConfig.from_pretrained(pretrained_model_name_or_path, **hub)
+        return cls(config, datastore=find_datastore(pretrained_model_name_or_path, **kwargs))
 
     def bind(self, target):
         """Any target works: nothing to check, borrow or move (there are no weights)."""
