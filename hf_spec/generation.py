@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import warnings
 
 import torch
 from transformers import GenerationMixin
@@ -67,6 +68,41 @@ def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
         )
 
 
+def check_prompt_ids(model, input_ids: torch.Tensor) -> None:
+    """ValueError naming the first prompt id outside the target's vocabulary (its input embedding would raise a
+    bare ``IndexError``, or a device-side assert on a GPU), before any forward. One host read: :func:`_precheck` runs
+    it once per call, before transformers' generate()."""
+    if input_ids.is_floating_point() or input_ids.numel() == 0:
+        return
+    vocab = getattr(model.get_input_embeddings(), "num_embeddings", None) or model.config.get_text_config().vocab_size
+    outside = (input_ids < 0) | (input_ids >= vocab)
+    if bool(outside.any()):
+        row, position = outside.nonzero()[0].tolist()
+        raise ValueError(
+            f"Prompt token id {int(input_ids[row, position])} (row {row}, position {position}) is outside the "
+            f"target's vocabulary of {vocab} ids (valid ids: 0 to {vocab - 1}). Fix: tokenize with the target's own "
+            "tokenizer, pad with its pad_token_id (not -100), and after adding tokens to the tokenizer call "
+            "`model.resize_token_embeddings(len(tokenizer))`."
+        )
+
+
+def follow_target_placement(drafter: SpecDrafterModel, model) -> None:
+    """Move a bound ``drafter`` to ``model``'s dtype and device when one of them was moved after binding (which
+    :meth:`~hf_spec.drafters.base.SpecDrafterModel.bind` does for an unbound drafter): the drafter runs on the
+    target's borrowed embedding and LM head, so it must share their dtype and device. Warns when it moves it."""
+    weight = next((p for p in drafter.parameters() if p.is_floating_point()), None)
+    if weight is None or (weight.dtype == model.dtype and weight.device == model.device):
+        return  # no weights (NGramDrafter), or in place
+    warnings.warn(
+        f"The drafter ({type(drafter).__name__}) is in {weight.dtype} on {weight.device} but its target in "
+        f"{model.dtype} on {model.device} (one was moved after binding); generate() moves the drafter to the "
+        "target's dtype and device, as binding does. To skip this copy: cast or move the target before "
+        "binding, or move the drafter with it (`drafter.to(model.device, model.dtype)`).",
+        stacklevel=2,
+    )
+    drafter.to(device=model.device, dtype=model.dtype)
+
+
 def speculative_decode(
     model,
     input_ids: torch.LongTensor,
@@ -101,6 +137,7 @@ def speculative_decode(
     warn_if_emulated_bf16(model)
     if not drafter.is_bound_to(model):
         drafter.bind(model)
+    follow_target_placement(drafter, model)
     do_sample = bool(generation_config.do_sample)
     options = dict(tree_depth=tree_depth, tree_top_k=tree_top_k, tree_total_tokens=tree_total_tokens,
                    tree_min_prob=tree_min_prob, ngram_branches=ngram_branches)  # fmt: skip
@@ -215,6 +252,8 @@ def _precheck(model, args, kwargs, streamer=None) -> None:
     generation_config.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
     if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
         inputs = torch.ones(1, 1, dtype=torch.long)
+    else:
+        check_prompt_ids(model, inputs)
     mask = kwargs.get("attention_mask")
     if not isinstance(mask, torch.Tensor) or mask.shape != inputs.shape:
         mask = None
