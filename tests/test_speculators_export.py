@@ -4,7 +4,7 @@ same draft logits as our drafter (its own training-time-test forward, step by st
 converts back to a bit-identical hf-spec drafter.
 
 speculators pins heavy dependencies, so it is installed ``--no-deps`` into a private directory with
-the few pure-Python packages its import needs (README, "Export to vLLM / speculators"):
+the few pure-Python packages its import needs (docs/hub.md, "Export to vLLM (speculators)"):
 
     pip install --no-deps --target .specpkgs speculators==0.9.0 hs-connectors==0.9.0 loguru==0.7.3 \
         "openai<3" httpx httpcore distro jiter

@@ -7,9 +7,9 @@ not depend on machine load) on benchmark prompts that the benchmark itself does 
 first N), writes the chosen thresholds into the drafter's ``config.json`` (only the config is
 rewritten) and every candidate's scores to ``--out``.
 
-    python training_scripts/search_s2d_thresholds.py --drafter runs/s2d-qwen/drafter \\
+    python training_scripts/search_s2d_thresholds.py --drafter runs/s2d-qwen \\
         --targets qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct --offset 10 --per-dataset 1 \\
-        --max-new-tokens 32 --grid 0.0 0.8 0.95 2.0 --out benchmarks/s2d-qwen/thresholds.json
+        --max-new-tokens 32 --grid 0.0 0.8 0.95 2.0 --out runs/s2d-qwen/thresholds.json
 """
 
 from __future__ import annotations

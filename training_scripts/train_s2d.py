@@ -14,8 +14,8 @@ frozen by default (``--no-freeze_embeddings`` trains them); bf16 autocast is on 
 (``--bf16 False`` for fp32); ``--lora_rank 16`` trains LoRA adapters on the layers instead of the
 layers themselves and saves only adapters, norm and draft-vocabulary map (the layers are borrowed
 from the source model at bind time; see SortedDrafter.add_lora). With LoRA pass a LoRA learning rate: the
-default 2e-5 is for full fine-tuning; on Qwen2.5-Coder-0.5B's first 8 layers, 30 steps at ``--learning_rate 2e-3``
-came within 2-3 points of the held-aside exit accuracy of 90 steps at 5e-4 (benchmarks/s2d-qwen-cpu-pilot/).
+default 2e-5 is for full fine-tuning; in a CPU pilot on Qwen2.5-Coder-0.5B's first 8 layers, 30 steps at
+``--learning_rate 2e-3`` came within 2-3 points of the held-aside exit accuracy of 90 steps at 5e-4.
 
 Self-distillation (``--distill_from MODEL``, e.g. the source model) labels every position with the
 teacher's greedy next token. The labelled rows are cached as resumable shards in ``--labels_cache``
