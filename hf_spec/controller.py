@@ -17,12 +17,16 @@ The policy is a hill climb with probes:
 - it *exploits* one arm (``current``); every so often it *probes* a neighbour on the ladder (one rung cheaper
   or costlier, or plain, which bounds the worst case, from any rung) for a few cycles, until the probe has committed ``probe_tokens`` tokens (at most
   ``max_probe_cycles`` cycles);
-- after a probe it moves to the neighbour when that measured faster per token by more than ``margin``; else it
-  waits twice as long before probing that neighbour again (up to ``max_interval`` cycles; ``close_interval``
-  for a neighbour within ``close`` of it), unless its own time per token comes near what the neighbour measured
-  (``catch_up``); a probe of a neighbour far slower ends after two cycles (``give_up``). So exploration is
-  bounded: after it converges, probes cost a few per cent at most, and a drafter that pays nothing costs about
-  that against plain;
+- after a probe it moves to the neighbour when that measured faster per token by more than ``margin``; else the
+  next probe of
+  that neighbour waits as long as an *exploration budget* allows: a probe that cost L seconds more than
+  exploiting would have waits about L / (``exploration_budget`` x the exploited arm's seconds per cycle) cycles
+  (at least ``first_interval``, at most ``max_interval``). So a neighbour that is hopeless is probed rarely, one
+  that is close is probed often (cheaply: the text may have moved to where it wins, e.g. from prose to a
+  passage the n-gram branches copy), and exploration costs about ``exploration_budget`` of the time whatever
+  the arms are; a probe of a neighbour far slower ends after two cycles (``give_up``). A drafted neighbour is
+  also probed at once when the exploited arm's time per token comes near what the neighbour measured
+  (``catch_up``);
 - the first cycle after a switch is not measured (it carries the catch-up work of an arm that had not run:
   its drafter reads the committed tokens it missed), nor the first cycle of a call (the drafter reads the
   prompt); a cycle counts at most ``outlier`` times its arm's mean cycle time (a stall must not condemn an arm).
@@ -87,16 +91,14 @@ class SpeedController:
     first_interval: int = 8
     """Exploited cycles before the first probe of a neighbour (and again after a move)."""
     max_interval: int = 512
-    """Longest wait between probes of one neighbour (the wait doubles after each failed probe)…"""
-    close_interval: int = 64
-    """…but stays at most this for a drafted neighbour that measured within ``close`` of the exploited drafted arm
-    (between plain steps and a drafted arm the wait keeps doubling: a drafter that costs a little more than plain
-    steps is probed rarely, and ``catch_up`` still probes at once when the gap closes)."""
-    close: float = 0.25
+    """Longest wait between probes of one neighbour."""
+    exploration_budget: float = 0.01
+    """Fraction of the time failed probes may cost: the wait after a failed probe is its cost over this budget."""
     catch_up: float = 0.02
     """A neighbour is probed at once when the exploited arm's time per token has come within this fraction of what
-    that neighbour measured at its last failed probe (the machine or the text changed). Relative to the neighbour,
-    not to the exploited arm's own past: a new prompt moves every drafted arm's time per token, plain's hardly."""
+    that neighbour measured at its last failed probe, having grown by this fraction since (the machine or the
+    text changed; a new prompt moves every drafted arm's time per token, plain's hardly). Not while the gap is
+    what that probe found: a neighbour that failed narrowly would be probed without end."""
     give_up: float = 0.5
     """A probe ends after two measured cycles when the neighbour is already this much slower per token."""
     outlier: float = 3.0
@@ -119,10 +121,12 @@ class SpeedController:
         self._estimates = [_Estimate() for _ in self.labels]
         self._interval = [self.first_interval] * len(self.labels)
         self._due = [self.first_interval] * len(self.labels)
-        self._theirs: list[float | None] = [None] * len(self.labels)  # each neighbour at its last failed probe
+        self._theirs: list[tuple[float, float] | None] = [None] * len(self.labels)
+        """Per neighbour, at its last failed probe: (its seconds per token, the exploited arm's)."""
         self._probe: int | None = None
         self._probe_cycles = 0
         self._probe_tokens = 0.0
+        self._probe_cost = [0.0, 0.0]  # wall seconds and tokens of every cycle of the probe, switch cycle included
         self._last: int | None = None  # arm of the last cycle (None: none yet in this call)
         self._decay = 0.5 ** (1.0 / self.half_life)
 
@@ -136,13 +140,14 @@ class SpeedController:
         if self._probe is None and len(self.labels) > 1:
             ours = self._estimates[self.current].seconds_per_token
             for n in self._neighbours():
-                theirs = self._theirs[n]
-                if ours is not None and theirs is not None and ours > theirs * (1.0 - self.catch_up):
+                failed = self._theirs[n]
+                if ours is not None and failed is not None and ours > max(failed[0] * (1.0 - self.catch_up),
+                                                                          failed[1] * (1.0 + self.catch_up)):
                     self._due[n], self._theirs[n] = self.cycle, None
             due = [n for n in self._neighbours() if self.cycle >= self._due[n]]
             if due and ours is not None:
                 self._probe = min(due, key=lambda n: self._due[n])
-                self._probe_cycles, self._probe_tokens = 0, 0.0
+                self._probe_cycles, self._probe_tokens, self._probe_cost = 0, 0.0, [0.0, 0.0]
                 self.probes += 1
         return self._probe if self._probe is not None else self.current
 
@@ -164,6 +169,8 @@ class SpeedController:
             estimate.tokens += tokens
             estimate.weight += 1.0
         if self._probe is not None and arm == self._probe:
+            self._probe_cost[0] += seconds
+            self._probe_cost[1] += tokens
             if measured:
                 self._probe_cycles += 1
                 self._probe_tokens += tokens
@@ -192,10 +199,20 @@ class SpeedController:
                 self._interval[n] = self.first_interval * (2 if n == left else 1)
                 self._due[n], self._theirs[n] = self.cycle + self._interval[n], None
         else:
-            close = (theirs is not None and ours is not None and theirs < ours * (1.0 + self.close)
-                     and 0 not in (probe, self.current))  # plain vs a drafter that barely loses: rare probes suffice
-            self._interval[probe] = min(2 * self._interval[probe], self.close_interval if close else self.max_interval)
-            self._due[probe], self._theirs[probe] = self.cycle + self._interval[probe], theirs
+            self._interval[probe] = self._budgeted_wait(ours)
+            self._due[probe] = self.cycle + self._interval[probe]
+            self._theirs[probe] = (theirs, ours) if theirs is not None and ours is not None else None
+
+    def _budgeted_wait(self, ours: float | None) -> int:
+        """Cycles until the next probe of a neighbour whose probe just failed: what the probe cost (its wall time
+        minus what the exploited arm would have taken for the same tokens) over the exploration budget."""
+        per_cycle = self._estimates[self.current].seconds_per_cycle
+        if ours is None or not per_cycle:
+            return self.max_interval
+        seconds, tokens = self._probe_cost
+        lost = max(0.0, seconds - tokens * ours)
+        wait = lost / (self.exploration_budget * per_cycle)
+        return int(min(self.max_interval, max(self.first_interval, wait)))
 
     # -- what it did -------------------------------------------------------------------------------
     def ms_per_token(self) -> dict[str, float | None]:

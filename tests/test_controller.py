@@ -159,3 +159,26 @@ def test_a_drafter_that_barely_loses_to_plain_is_probed_rarely():
     assert controller.current == 0
     used = run(controller, landscape(costs, taus, noise=0.1), 3000, rng, start_cycle=200)
     assert mean_seconds_per_token(used, costs, taus) <= 1.01 * costs[0]
+
+
+def test_a_neighbour_that_narrowly_failed_is_not_probed_without_end():
+    """Plain steps 1% slower per token than the exploited drafted arm: each probe of plain fails narrowly, and the
+    drafted arm keeps running between probes (plain is not re-probed cycle after cycle)."""
+    costs, taus = [1.0, 1.98], [1, 2]  # per token: plain 1.0, drafted 0.99
+    controller = SpeedController(["plain", "draft"], start=1)
+    used = run(controller, landscape(costs, taus, noise=0.0), 1000, random.Random(7))
+    assert controller.current == 1 and used[200:].count(1) >= 0.5 * len(used[200:])
+    assert mean_seconds_per_token(used[200:], costs, taus) <= 1.01 * 0.99
+
+
+def test_probes_of_a_close_neighbour_come_often_and_cost_little():
+    """The wait after a failed probe is what it cost over the exploration budget: a drafted arm 3% slower than
+    plain is probed every few tens of cycles (the text may move to where it wins), at about 1% of the time."""
+    costs, taus = [1.0, 1.03], [1, 1.0]
+    controller = SpeedController(["plain", "draft"], start=0)
+    rng = random.Random(8)
+    run(controller, landscape(costs, taus, noise=0.0), 100, rng)
+    probes = controller.probes
+    used = run(controller, landscape(costs, taus, noise=0.0), 2000, rng, start_cycle=100)
+    assert controller.probes - probes >= 2000 / 64  # often: far more than doubling waits up to 512 cycles give
+    assert sum(costs[a] for a in used) <= 1.015 * len(used)  # and cheap
