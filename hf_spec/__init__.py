@@ -24,9 +24,9 @@ from .drafters import (  # noqa: E402
     SpecDrafterModel,
 )
 from .controller import SpeedController
+from .drafters.auto import AutoDrafter
 from .drafters.registry import DRAFTER_CLASSES
 from .generation import install, speculative_decode, uninstall
-from .hub.convert import AutoDrafter
 from .resources import PACKAGED_MODELS, load_packaged_model, packaged_model_path
 from .stats import GenerationStats
 from .tree.dynamic import TreeShape

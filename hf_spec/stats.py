@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class EarlyExitStats:
-    """Work of an early-exit drafter (S2D, :class:`~hf_spec.drafters.sorted.SortedDrafter`) in one call.
+    """Work of an early-exit drafter (S2D, :class:`~hf_spec.drafters.s2d.SortedDrafter`) in one call.
 
     ``exit_counts[i]``: draft tokens that left at exit i; ``layer_calls``: drafter layer forwards
     (whatever the number of positions); ``head_calls``: exit LM-head calls."""

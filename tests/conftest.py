@@ -107,7 +107,7 @@ def oracle_pair(family: str = "llama", vocab_size: int = 128, do_sample: bool = 
 def sorted_loss_before_after_training(drafter, rows, output_dir, max_steps: int, learning_rate: float):
     """(loss before, loss after) ``max_steps`` bf16 SortedTrainer steps of a sorted drafter on ``rows``
     (one batch of 8), both measured in eval mode on the same batch."""
-    from hf_spec.training.sorted_trainer import SortedTrainer, SortedTrainingConfig, pad_collator
+    from hf_spec.training.s2d_trainer import SortedTrainer, SortedTrainingConfig, pad_collator
 
     batch = pad_collator(0)(rows)
     with torch.no_grad():

@@ -7,7 +7,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 import hf_spec
 from conftest import CallCountingStreamer, make_target, oracle_pair, plain_generate, random_prompt
 from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, tiny_pair, warpers
-from test_sorted import sorted_pair
+from test_s2d import sorted_pair
 
 PAD = 0
 LENGTHS_SEEDS = [(10, 1), (6, 2), (13, 3), (8, 4)]

@@ -19,7 +19,7 @@ from hf_spec.shape_select import CANDIDATE_OPTIONS
 from test_batched import pad_left, per_row_expected, prompts_of
 from test_eagle3 import trained_pair as eagle3_pair
 from test_sampling import P_VALUE_FLOOR, VOCAB, sampled_law_p_value, tiny_pair
-from test_sorted import sorted_pair
+from test_s2d import sorted_pair
 
 SHIPPED = pathlib.Path(__file__).resolve().parents[1] / "drafters"
 CANDIDATES = [  # a ladder of three drafted shapes, two with n-gram branches

@@ -312,7 +312,7 @@ def test_parallelspec_with_a_draft_vocabulary_equals_plain_generate():
 
 
 def test_sorted_drafter_exits_score_only_the_draft_vocabulary(tmp_path):
-    from test_sorted import sorted_pair
+    from test_s2d import sorted_pair
 
     target, drafter = sorted_pair("llama", thresholds=(0.9, 0.9, 0.0))  # a D-way softmax is more confident
     prompts = torch.cat([random_prompt(6, seed=100 + s) for s in range(8)])
@@ -339,4 +339,4 @@ def test_sorted_drafter_exits_score_only_the_draft_vocabulary(tmp_path):
         torch.testing.assert_close(loaded(ids).logits_per_exit[-1], drafter(ids).logits_per_exit[-1])
 
 
-from hf_spec.drafters.sorted import SortedDrafter  # noqa: E402
+from hf_spec.drafters.s2d import SortedDrafter  # noqa: E402

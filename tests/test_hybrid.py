@@ -15,7 +15,7 @@ from hf_spec.verify import _rejection_sample, greedy_plan
 from test_batched import pad_left, per_row_expected
 from test_ngram import repetitive_sampling_case, target_text_prompt
 from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, warpers
-from test_sorted import sorted_pair
+from test_s2d import sorted_pair
 
 SHAPE = dict(tree_depth=4, tree_top_k=4, tree_total_tokens=12)
 
@@ -283,7 +283,7 @@ def test_copy_cycles_graft_longer_chains_and_stay_lossless(monkeypatch):
 
 def count_drafter_forwards(monkeypatch) -> list[int]:
     """A one-element list counting the drafting sessions' drafter forwards (EAGLE and ParallelSpec)."""
-    from hf_spec.drafters.parallel import ParallelDraftingSession
+    from hf_spec.drafters.parallelspec import ParallelDraftingSession
 
     calls = [0]
     for cls, name in ((EagleDraftingSession, "_run"), (ParallelDraftingSession, "draft_distributions")):

@@ -33,7 +33,7 @@ from scipy import stats as scipy_stats
 import hf_spec
 from conftest import make_target
 from test_sampling import chi_square_pvalue, warpers
-from test_sorted import sorted_pair
+from test_s2d import sorted_pair
 
 VOCAB = 4
 DELTA = 0.01  # total-variation distance to detect

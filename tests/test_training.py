@@ -25,7 +25,7 @@ from hf_spec.training.losses import (
     shift_for_drafter,
     topk_distillation_loss,
 )
-from hf_spec.training.parallel import ParallelTrainer, ParallelTrainingArguments
+from hf_spec.training.parallelspec import ParallelTrainer, ParallelTrainingArguments
 from hf_spec.training.pipeline import assistant_token_counts
 from hf_spec.training.trainers import (
     CoralTrainer,

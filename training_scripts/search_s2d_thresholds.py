@@ -1,6 +1,6 @@
 """Pick a trained S2D drafter's per-target thresholds on held-out prompts (S2D §4.4.1).
 
-For each target, runs :func:`hf_spec.drafters.sorted.search_thresholds` (greedy, by default
+For each target, runs :func:`hf_spec.drafters.s2d.search_thresholds` (greedy, by default
 the deterministic ``proxy`` metric: tokens per target-forward-equivalent, so the choice does
 not depend on machine load) on benchmark prompts that the benchmark itself does not use
 (``--offset``: skip that many prompts of each data set; ``hf-spec bench --limit N`` uses the
@@ -23,7 +23,7 @@ import torch
 import hf_spec  # noqa: F401  (registers the drafter classes)
 from hf_spec.bench.datasets import BENCH_DATASETS, render_prompt
 from hf_spec.bench.harness import DTYPES, load_model
-from hf_spec.drafters.sorted import SortedDrafter, search_thresholds, threshold_grid
+from hf_spec.drafters.s2d import SortedDrafter, search_thresholds, threshold_grid
 
 
 def main(argv=None):

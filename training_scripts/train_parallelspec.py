@@ -3,7 +3,7 @@
 Same data pipeline and feature cache as ``train_eagle.py``/``train_hass.py`` (chat-templated
 conversations, loss on assistant tokens, target features cached once). The loss is
 EAGLE-Parallel: the EAGLE loss summed over the k + 1 positions of every parallel group, with
-the group-wise attention mask of Fig. 3 (``hf_spec.training.parallel``). Paper defaults (A.2):
+the group-wise attention mask of Fig. 3 (``hf_spec.training.parallelspec``). Paper defaults (A.2):
 AdamW β = (0.9, 0.95), lr 5e-5, no weight decay, global batch 32 (4 per device x 8
 accumulation here), 40 epochs; 4 parallel groups per training row.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_spec.training.parallel import ParallelTrainingArguments
+from hf_spec.training.parallelspec import ParallelTrainingArguments
 from hf_spec.training.pipeline import DataArguments, end_training, train_drafter
 
 

@@ -39,7 +39,7 @@ assistant, and confident early exits only save cost):
 distribution.)
 
 Then pick per-target thresholds on held-out prompts with
-``hf_spec.drafters.sorted.search_thresholds`` and save again. Resumes from the last
+``hf_spec.drafters.s2d.search_thresholds`` and save again. Resumes from the last
 checkpoint in ``--output_dir``.
 """
 
@@ -55,9 +55,9 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from hf_spec import PACKAGED_MODELS, SortedDrafter, draft_vocab, load_packaged_model, packaged_model_path
 from hf_spec.bench.datasets import load_chitchat, load_sharegpt
-from hf_spec.drafters.sorted import target_entry
+from hf_spec.drafters.s2d import target_entry
 from hf_spec.training.pipeline import end_training
-from hf_spec.training.sorted_trainer import (
+from hf_spec.training.s2d_trainer import (
     SortedTrainer,
     SortedTrainingConfig,
     cached_teacher_labels,

@@ -2,15 +2,17 @@
 
 Importing this package registers every family in :mod:`.registry` (the table
 ``model_type`` -> classes) and with transformers' ``AutoConfig``/``AutoModel``.
+:class:`~hf_spec.AutoDrafter` lives in :mod:`.auto`, which this package does not import (it imports the
+Hub converters, :mod:`hf_spec.hub.convert`); ``hf_spec`` exports it.
 """
 
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .eagle import EagleDrafter, EagleDrafterConfig
 from .eagle3 import Eagle3Drafter, Eagle3DrafterConfig
 from .ngram import NGramDrafter, NGramDrafterConfig
-from .parallel import ParallelDrafter, ParallelDrafterConfig
+from .parallelspec import ParallelDrafter, ParallelDrafterConfig
 from .registry import DRAFTER_CLASSES, register
-from .sorted import SortedDrafter, SortedDrafterConfig
+from .s2d import SortedDrafter, SortedDrafterConfig
 
 for _config_class, _model_class in (
     (EagleDrafterConfig, EagleDrafter),

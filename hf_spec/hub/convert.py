@@ -65,7 +65,8 @@ _IGNORED_EAGLE3_PREFIXES = ("embed_tokens.", "verifier_")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download")
 EAGLE_MODEL_TYPE, EAGLE3_MODEL_TYPE = "hf_spec_eagle", "hf_spec_eagle3"
 """The families external checkpoints convert to. Their classes come from :mod:`hf_spec.drafters.registry` by
-``model_type``: this module never imports the drafter modules, whose ``from_pretrained`` calls it."""
+``model_type``: this module never imports the drafter modules, whose ``from_pretrained`` calls it, nor
+:mod:`hf_spec.drafters.auto` (:class:`~hf_spec.AutoDrafter`), which calls it too."""
 
 
 class UnsupportedLayoutError(ValueError):
@@ -368,31 +369,3 @@ def resolve(name_or_path: str | os.PathLike, **hub_kwargs) -> tuple[str, Path | 
         return HF_SPEC, None
     path = Path(snapshot_download(str(name_or_path), allow_patterns=["*.json", *_WEIGHT_FILES], **hub_kwargs))
     return detect_layout(path), path
-
-
-class AutoDrafter:
-    """Loads any drafter hf-spec understands: its own checkpoints through ``AutoModel``, EAGLE-1/2 and
-    HASS checkpoints converted to :class:`~hf_spec.EagleDrafter`, EAGLE-3 and speculators ``eagle3``
-    ones to :class:`~hf_spec.Eagle3Drafter` (see :mod:`hf_spec.hub.convert`)."""
-
-    def __init__(self):
-        raise TypeError("AutoDrafter is not instantiated; use AutoDrafter.from_pretrained(path, target=...).")
-
-    @classmethod
-    def from_pretrained(cls, name_or_path, target=None, *, target_config=None, **kwargs):
-        """The drafter at a local directory or Hub repo id, bound to ``target`` when given.
-
-        Args:
-            target: the loaded target model (required for EAGLE/HASS checkpoints unless ``target_config``).
-            target_config: the target's config, name or path (EAGLE/HASS without ``target``).
-            kwargs: ``from_pretrained`` options (``dtype``, ``revision``…); EAGLE/HASS: those of
-                :func:`convert_eagle` and the Hub download options.
-        """
-        hub_kwargs = split_hub_kwargs(kwargs)
-        layout, path = resolve(name_or_path, **hub_kwargs)
-        if layout in CONVERTERS:
-            return CONVERTERS[layout][1](path, target, target_config, source=str(name_or_path), **kwargs)
-        from transformers import AutoModel  # the drafter classes are registered with it (hf_spec.drafters)
-
-        drafter = AutoModel.from_pretrained(str(path or name_or_path), **hub_kwargs, **kwargs)
-        return drafter.bind(target) if target is not None else drafter

@@ -21,9 +21,9 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from .. import draft_vocab
 from ..drafters import EagleDrafter, ParallelDrafter
+from ..drafters.auto import AutoDrafter
 from ..drafters.eagle3 import Eagle3Drafter, default_aux_layer_ids
 from ..drafters.router import frequency_order
-from ..hub.convert import AutoDrafter
 from ..hardware import resolve_dtype
 from ..resources import cache_dir
 from .collators import FeatureCollator
@@ -37,7 +37,7 @@ from .data import (
     load_feature_cache,
     load_target,
 )
-from .parallel import ParallelTrainer
+from .parallelspec import ParallelTrainer
 from .trainers import CoralTrainer, Eagle3Trainer, EagleTrainer, HassTrainer, RouterTrainer
 
 METHODS = {

@@ -8,7 +8,7 @@ from transformers import AutoModel
 
 import hf_spec
 from conftest import make_target, plain_generate, random_prompt, sorted_loss_before_after_training
-from hf_spec.drafters.sorted import SortedDrafter, search_thresholds
+from hf_spec.drafters.s2d import SortedDrafter, search_thresholds
 from hf_spec.tree.dynamic import TreeShape
 from test_sampling import VOCAB, chi_square_pvalue, exact_joint, warpers
 
@@ -23,7 +23,7 @@ def named(model, name):
 def sorted_pair(family="llama", vocab_size=128, num_layers=4, exits=(1, 2, 4), thresholds=(0.5, 0.5, 0.0), **kw):
     """A 6-layer target and a drafter of its first ``num_layers`` layers (an untrained SoFT start)."""
     target = named(make_target(family, vocab_size=vocab_size, num_hidden_layers=6, **kw), f"tiny-{family}")
-    entry = hf_spec.drafters.sorted.target_entry(target, thresholds)
+    entry = hf_spec.drafters.s2d.target_entry(target, thresholds)
     drafter = SortedDrafter.from_source_model(target, num_layers=num_layers, exits=list(exits), targets=[entry])
     return target, drafter
 
@@ -116,7 +116,7 @@ def test_use_fixed_exit_rejects_a_layer_without_exit():
 
 @torch.no_grad()
 def test_teacher_labels_are_the_teachers_greedy_next_tokens():
-    from hf_spec.training.sorted_trainer import teacher_labels
+    from hf_spec.training.s2d_trainer import teacher_labels
 
     target = make_target("llama", vocab_size=128)
     rows = [{"input_ids": random_prompt(n, seed=n)[0].tolist(), "labels": []} for n in (7, 12, 4)]
@@ -137,7 +137,7 @@ def test_search_thresholds_default_grid_has_no_equivalent_candidates():
 
 
 def test_threshold_grid_drops_unreachable_duplicates():
-    from hf_spec.drafters.sorted import threshold_grid
+    from hf_spec.drafters.s2d import threshold_grid
 
     grid = threshold_grid([0.0, 0.9, 2.0], 3)
     assert grid[0] == [0.0, 0.0, 0.0] and len(grid) == 1 + 2 * 3
@@ -211,7 +211,7 @@ def test_to_causal_lm_is_a_plain_transformers_assistant():
 
 
 def test_sorted_trainer_lowers_the_loss(tmp_path):
-    from hf_spec.training.sorted_trainer import SortedTrainer, SortedTrainingConfig, pad_collator
+    from hf_spec.training.s2d_trainer import SortedTrainer, SortedTrainingConfig, pad_collator
 
     _, drafter = sorted_pair(num_layers=2, exits=(1, 2), thresholds=(0.5, 0.0))
     g = torch.Generator().manual_seed(0)
@@ -288,7 +288,7 @@ def test_sampling_with_a_draft_vocabulary_keeps_target_distribution(warp):
 
 def test_label_token_counts_and_trainer_with_a_draft_vocabulary(tmp_path):
     from hf_spec.training.losses import sorted_loss
-    from hf_spec.training.sorted_trainer import label_token_counts, pad_collator
+    from hf_spec.training.s2d_trainer import label_token_counts, pad_collator
 
     rows = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [7, 7], "labels": [-100, 7]}]
     counts = label_token_counts(rows, 10)

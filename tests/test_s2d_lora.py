@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 import hf_spec
 from conftest import make_target, plain_generate, random_prompt, save_and_read_keys, sorted_loss_before_after_training
-from hf_spec.drafters.sorted import SortedDrafter
+from hf_spec.drafters.s2d import SortedDrafter
 
 pytest.importorskip("peft")
 
@@ -24,7 +24,7 @@ def named(model, name):
 
 def lora_drafter(rank=4, seed=0):
     source = named(make_target("qwen2", vocab_size=128, num_hidden_layers=6, seed=seed), "tiny-qwen2-source")
-    entry = hf_spec.drafters.sorted.target_entry(source, (0.9, 0.9, 0.0))
+    entry = hf_spec.drafters.s2d.target_entry(source, (0.9, 0.9, 0.0))
     # all 6 source layers: the last exit starts as the target itself, so drafts are accepted
     drafter = SortedDrafter.from_source_model(source, num_layers=6, exits=[2, 4, 6], targets=[entry])
     drafter.add_lora(rank)
@@ -135,7 +135,7 @@ def test_sorted_trainer_trains_the_adapters(tmp_path):
 def test_trainer_checkpoints_hold_only_adapters_and_resume(tmp_path):
     from transformers.trainer_utils import get_last_checkpoint
 
-    from hf_spec.training.sorted_trainer import SortedTrainer, SortedTrainingConfig, pad_collator
+    from hf_spec.training.s2d_trainer import SortedTrainer, SortedTrainingConfig, pad_collator
 
     pattern = torch.randint(1, 128, (8,), generator=torch.Generator().manual_seed(0))
     rows = [{"input_ids": pattern.roll(i).repeat(3).tolist(), "labels": pattern.roll(i).repeat(3).tolist()}

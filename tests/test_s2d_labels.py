@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import make_target, random_prompt
-from hf_spec.training.sorted_trainer import cached_teacher_labels, teacher_labels
+from hf_spec.training.s2d_trainer import cached_teacher_labels, teacher_labels
 
 LENGTHS = (7, 12, 4, 1, 9, 15, 2)  # unequal rows (right-padded batches), one with nothing to label
 

@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoModel
 import hf_spec
 from conftest import make_target, plain_generate, random_prompt
 from test_sampling import NEW_TOKENS, P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, warpers
-from hf_spec.training.parallel import (
+from hf_spec.training.parallelspec import (
     ParallelTrainer,
     ParallelTrainingArguments,
     build_parallel_layout,

@@ -220,7 +220,7 @@ class SortedDrafterConfig(SpecDrafterConfig):
         warnings.warn(
             f"Target {name!r} is not among the targets this SortedDrafter lists ({served}); its vocabulary matches, "
             f"so it binds with the default thresholds {self.default_thresholds}. Run "
-            "hf_spec.drafters.sorted.search_thresholds(drafter, target, prompts) to tune them.",
+            "hf_spec.drafters.s2d.search_thresholds(drafter, target, prompts) to tune them.",
             stacklevel=3,
         )
         return list(self.default_thresholds)

@@ -11,7 +11,7 @@ import torch
 
 import hf_spec
 from conftest import make_target, plain_generate, random_prompt, save_and_read_keys
-from hf_spec.drafters.sorted import SortedDrafter, SortedDrafterConfig
+from hf_spec.drafters.s2d import SortedDrafter, SortedDrafterConfig
 from hf_spec.training.losses import exit_distillation_loss
 from test_sampling import VOCAB, chi_square_pvalue, exact_joint, warpers
 
@@ -22,7 +22,7 @@ def adapter_drafter(family="qwen2", thresholds=(0.5, 0.5, 0.0), vocab_size=128, 
     """A 6-layer source and a drafter of all its layers with exits 2/4/6 and exit adapters."""
     source = make_target(family, vocab_size=vocab_size, num_hidden_layers=6, seed=seed, **kw)
     source.config._name_or_path = f"tiny-{family}-source"
-    entry = hf_spec.drafters.sorted.target_entry(source, thresholds)
+    entry = hf_spec.drafters.s2d.target_entry(source, thresholds)
     drafter = SortedDrafter.from_source_model(source, num_layers=6, exits=[2, 4, 6], targets=[entry])
     return source, drafter.add_exit_adapters()
 
