@@ -513,8 +513,9 @@ class _Call:
 def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, *, drafter, arms: list[Arm],
            controller: SpeedController | None, do_sample: bool, temperature: float, attention_mask=None,
            streamer=None, use_router: bool | None = None):  # fmt: skip
-    """Tree speculative decoding of ``input_ids`` (one prompt, or a left-padded batch); returns
-    what ``generate()`` would.
+    """Tree speculative decoding of ``input_ids`` (one prompt, or a left-padded batch); returns what
+    ``generate()`` would, and the call's :class:`~hf_spec.stats.GenerationStats` (a
+    :class:`~hf_spec.stats.BatchGenerationStats` for a batch).
 
     Called by :func:`hf_spec.generation.speculative_decode` after its checks, with the drafter
     bound and the arms' shapes validated. ``controller`` (:class:`~hf_spec.controller.SpeedController` over
@@ -544,7 +545,6 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
 
     # Set-up and prefill; every row's session and first token.
     stats = GenerationStats() if one_row else BatchGenerationStats()
-    drafter.last_generation_stats = stats
     loop_start = timing.clock(device)
     drafted_arms = sum(arm.shape is not None for arm in arms)
     target = _Target(model, drafter.target_feature_layers())  # every call has a drafted arm: features are read
@@ -638,5 +638,5 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
             scores=tuple(call.all_scores) if call.keep_scores else None,
             logits=tuple(call.all_logits) if call.keep_logits else None,
             past_key_values=layout.final_cache(sequences.shape[1]) if gc.use_cache else None,
-        )
-    return sequences
+        ), stats
+    return sequences, stats

@@ -159,10 +159,12 @@ def speculative_decode(
     temperature = float(generation_config.temperature or 1.0) if do_sample else 1.0
     _check_streamer(streamer, input_ids)
     with compat.masked_sdpa_gqa(model.device):  # tree masks without copying the cache's key/value heads (CPU)
-        return decode(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter=drafter,
-                      arms=arms, controller=controller, do_sample=do_sample, temperature=temperature,
-                      attention_mask=model_kwargs.get("attention_mask"), streamer=streamer,
-                      use_router=use_router)  # fmt: skip
+        output, stats = decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                               drafter=drafter, arms=arms, controller=controller, do_sample=do_sample,
+                               temperature=temperature, attention_mask=model_kwargs.get("attention_mask"),
+                               streamer=streamer, use_router=use_router)  # fmt: skip
+    drafter.last_generation_stats = stats  # the one place: a convenience for the caller, read after the call
+    return output
 
 
 def call_arms(drafter: SpecDrafterModel, options: dict, do_sample: bool, controlled: bool = True) -> tuple[list[Arm], int]:
