@@ -214,14 +214,70 @@ def hass_loss(
     return {"loss": total, **metrics}
 
 
-def csra_loss(step_features: list[torch.Tensor], target_features: torch.Tensor, temperature: float = 0.07) -> torch.Tensor:
-    """CORAL's Cross-Step Representation Alignment loss (Eq. 2): InfoNCE over normalised features.
+def csra_loss_per_step(
+    step_features: list[torch.Tensor], target_features: torch.Tensor, temperature: float = 0.07
+) -> torch.Tensor:
+    """CORAL's Cross-Step Representation Alignment (CSRA, §3.1 Eq. 2, App. A) at each training step.
+
+    Returns a tensor (n,): entry t-1 is L_CSRA of training step t = 1..n, to be added to that step's loss
+    (Eq. 3: ``w_reg·L_reg + w_cls·L_cls + w_CSRA·L_CSRA`` per step).
+
+    ``step_features``: the n training steps' output features at the same N positions, each (N, H), in step
+    order; ``target_features`` (N, H): the target's features at those positions. All features are
+    L2-normalised, so ``sim`` is cosine similarity; τ = ``temperature`` (0.07 in App. A).
+
+    At step t (the paper: "each sample has t positive views, while all other features are considered
+    negative samples"; F is "the set of all features along with the targets"):
+
+    - queries: step t's N output features (each position one query; only step t's outputs are queries),
+    - F_t: every feature that exists at step t, i.e. the target's and steps 1..t's features at all N
+      positions ((t + 1)·N), minus the query itself (sim(q, q) = 1 is no view of another sample),
+    - positives of the query at position p: the same position's features of steps 1..t-1 and of the
+      target (t of them; at step 1 only the target's feature). Later steps are never used (they do not
+      exist yet at step t),
+    - negatives: every other member of F_t, i.e. all features of the other N - 1 positions (target's and
+      steps 1..t's) in the batch. The positives also stand in the denominator, as in InfoNCE.
+
+    Eq. 2 is written for one positive, ``L = -log( exp(sim(q, f+)/τ) / Σ_{f∈F} exp(sim(q, f)/τ) )``;
+    the paper does not say how its t positives are combined, so Eq. 2 is applied to each (q, f+) pair and
+    the t terms are averaged (log-probabilities averaged over the positives, SupCon's L_out), then
+    averaged over the N queries::
+
+        L_t = -1/N Σ_q 1/t Σ_{f+ ∈ P_t(q)} log( exp(sim(q, f+)/τ) / Σ_{f ∈ F_t \\ {q}} exp(sim(q, f)/τ) )
+
+    Gradients flow into every drafter feature in the expression (the query and the earlier steps'
+    features; the paper names no stop-gradient); the target's features are data. N counts the positions
+    pooled: the caller's (the CORAL trainer's: the batch's loss positions). Unaligned features (near-zero
+    cosines) score about ``log((t + 1)·N - 1)``, the log of the candidate count; perfectly aligned ones
+    (each position's views identical, other positions orthogonal) ``log(t + (t + 1)(N - 1)e^{-1/τ})``, so
+    the floor is log t, not 0 (t positives share one softmax).
+    """
+    views = F.normalize(torch.stack([target_features, *step_features]).float(), dim=-1)  # (n + 1, N, H)
+    num_steps, positions = len(step_features), views.shape[1]
+    index = torch.arange(positions, device=views.device)
+    losses = []
+    for t in range(1, num_steps + 1):
+        pool = views[: t + 1].reshape(-1, views.shape[-1])  # target, step 1, ..., step t: ((t + 1) N, H)
+        logits = views[t] @ pool.T / temperature  # (N, (t + 1) N)
+        logits[index, t * positions + index] = float("-inf")  # the query itself is not in F
+        log_prob = (logits - torch.logsumexp(logits, dim=-1, keepdim=True)).view(positions, t + 1, positions)
+        positive = log_prob[index, :t, index]  # (N, t): same position, target and steps 1..t-1
+        losses.append(-positive.mean(-1).mean())
+    return torch.stack(losses)
+
+
+def csra_loss_symmetric_all_steps(
+    step_features: list[torch.Tensor], target_features: torch.Tensor, temperature: float = 0.07
+) -> torch.Tensor:
+    """A CSRA variant that is *not* the paper's (the shipped SmolLM2 CORAL drafter was trained with it): one
+    InfoNCE over all n steps at once, added once to the n-step loss. See :func:`csra_loss_per_step` for
+    CORAL's own.
 
     ``step_features``: the n training steps' output features at the same N positions, each
     (N, H); ``target_features`` (N, H) the target's features there. The pool F holds all
     (n + 1) * N features. Every step output is a query q; its positives are the other views of
-    the same position (the other steps' outputs and the target feature), every other member of
-    F (all views of other positions) is a negative, and q itself is left out. With several
+    the same position (all other steps' outputs, later steps included, and the target feature), every
+    other member of F (all views of other positions) is a negative, and q itself is left out. With several
     positives the loss averages ``-log(exp(sim(q, f+)/τ) / Σ_{f in F \\ q} exp(sim(q, f)/τ))``
     over them, then over queries. ``sim`` is cosine similarity, τ = 0.07 (App. A).
     """
@@ -236,6 +292,10 @@ def csra_loss(step_features: list[torch.Tensor], target_features: torch.Tensor, 
     same_position = (query_index % positions).view(-1, 1) == (torch.arange(pool.shape[0], device=pool.device) % positions)
     same_position[query_index, query_index] = False
     return -(log_prob.masked_fill(~same_position, 0.0).sum(-1) / same_position.sum(-1)).mean()
+
+
+csra_loss = csra_loss_symmetric_all_steps
+"""The earlier name of :func:`csra_loss_symmetric_all_steps` (not the paper's CSRA; see :func:`csra_loss_per_step`)."""
 
 
 def sorted_loss(logits_per_exit, labels: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,14 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from ..drafters.router import group_mass
-from .losses import csra_loss, eagle_loss, hass_loss, next_token_ids, shift_for_drafter
+from .losses import (
+    csra_loss_per_step,
+    csra_loss_symmetric_all_steps,
+    eagle_loss,
+    hass_loss,
+    next_token_ids,
+    shift_for_drafter,
+)
 
 
 @dataclass
@@ -150,16 +157,29 @@ class Eagle3Trainer(HassTrainer):
 @dataclass
 class CoralTrainingArguments(HassTrainingArguments):
     """CORAL's recipe (Weng et al., 2025): HASS-style 3-step training with loss
-    ``w_reg·L_reg + w_cls·L_cls + w_csra·L_csra`` per step (Eq. 3): w_reg 0.5 (half of EAGLE's),
-    w_cls 0.1, InfoNCE temperature 0.07, w_csra set per target so that w_csra·L_csra ≈
-    w_reg·L_reg (App. A: 0.1–0.2; both terms are logged as ``reg_weighted``/``csra_weighted``).
-    Eq. 3 has no Top-K term, so ``w_topk`` defaults to 0."""
+    ``w_reg·L_reg + w_cls·L_cls + w_csra·L_csra`` at each step (Eq. 3), summed over the steps: w_reg 0.5
+    (half of EAGLE's), w_cls 0.1, CSRA at step t an InfoNCE (temperature 0.07) whose query is step t's output
+    and whose positives are the same position's outputs of steps 1..t-1 and the target's feature
+    (:func:`~hf_spec.training.losses.csra_loss_per_step`). w_csra is set per target so that
+    w_csra·L_csra ≈ w_reg·L_reg (App. A: 0.05–0.2); both per-step terms are logged, averaged over the steps,
+    as ``reg_weighted``/``csra_weighted``. Eq. 3 has no Top-K term, so ``w_topk`` defaults to 0."""
 
     w_reg: float = field(default=0.5, metadata={"help": "weight of the feature regression loss (CORAL: 0.5)"})
     w_topk: float = field(default=0.0, metadata={"help": "weight of HASS's Top-K loss (CORAL's Eq. 3: none)"})
-    w_csra: float = field(default=0.2, metadata={"help": "weight of the CSRA loss; pick so w_csra*csra ~ w_reg*reg "
-                                                         "(CORAL App. A: 0.2 Qwen2.5-7B, 0.15 Llama3-8B)"})
+    w_csra: float = field(default=0.05, metadata={"help": "weight of the CSRA loss at each step; set per target "
+        "so the logged csra_weighted ~ reg_weighted (App. A). 0.05 balances the default SmolLM2-135M target "
+        "(L_csra ~5 per step against w_reg*L_reg ~0.26 for a trained drafter, batches of ~900-1,600 loss "
+        "positions); the paper's: 0.2 Qwen2.5-7B, 0.15 Llama3-8B, 0.1 Llama3-70B/Qwen2.5-14B/Llama2-7B, "
+        "0.05 Llama2-13B"})  # fmt: skip
     csra_temperature: float = field(default=0.07, metadata={"help": "InfoNCE temperature (CORAL: 0.07)"})
+    csra_variant: str = field(default="per_step", metadata={"help": "per_step: CORAL's CSRA, at each step t with "
+        "positives from steps 1..t-1 and the target, added to step t's loss; symmetric_all_steps: the earlier "
+        "variant (one InfoNCE over all steps' outputs, later steps as positives too, added once)"})  # fmt: skip
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.csra_variant not in ("per_step", "symmetric_all_steps"):
+            raise ValueError(f"--csra_variant must be per_step or symmetric_all_steps, got {self.csra_variant!r}")
 
 
 class _LoggedTermsMixin:
@@ -178,19 +198,32 @@ class _LoggedTermsMixin:
 
 
 class CoralTrainer(_LoggedTermsMixin, HassTrainer):
-    """Trains an :class:`~hf_spec.EagleDrafter` with CORAL's loss: HASS's multi-step training plus
-    the CSRA InfoNCE over all steps' outputs (:func:`~hf_spec.training.losses.csra_loss`)."""
+    """Trains an :class:`~hf_spec.EagleDrafter` with CORAL's loss: HASS's multi-step training with, at each
+    step t, the CSRA InfoNCE of step t's outputs (:func:`~hf_spec.training.losses.csra_loss_per_step`) added to
+    that step's loss with weight ``w_csra`` (and the step's β^(t-1), as HASS's terms). ``csra_variant=
+    "symmetric_all_steps"`` adds :func:`~hf_spec.training.losses.csra_loss_symmetric_all_steps` once instead."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         out, feats_target, mask = self._hass_loss(model, inputs, return_predictions=True)
         args = self.args
         select = mask.bool()
+        predictions = out.pop("predictions")
         loss = out["loss"]
         if select.any():
-            csra = csra_loss([p[select] for p in out.pop("predictions")], feats_target[select], args.csra_temperature)
-            loss = loss + args.w_csra * csra
+            steps, targets = [p[select] for p in predictions], feats_target[select]
             reg = sum(out[f"reg_{j}"] for j in range(1, args.hass_steps + 1)) / args.hass_steps
-            self._record(reg_weighted=args.w_reg * reg, csra_weighted=args.w_csra * csra.detach())
+            if getattr(args, "csra_variant", "per_step") == "symmetric_all_steps":
+                csra = csra_loss_symmetric_all_steps(steps, targets, args.csra_temperature)
+                loss = loss + args.w_csra * csra
+                per_step = csra.detach() / args.hass_steps  # its share of each step's loss
+            else:
+                csra_t = csra_loss_per_step(steps, targets, args.csra_temperature)  # (n,) L_csra of steps 1..n
+                step_weights = args.hass_beta ** torch.arange(len(steps), device=csra_t.device, dtype=csra_t.dtype)
+                loss = loss + args.w_csra * (step_weights * csra_t).sum()
+                out.update({f"csra_{j}": c for j, c in enumerate(csra_t.detach().unbind(), start=1)})
+                per_step = csra_t.detach().mean()
+            # per step, averaged over the steps: the balance App. A sets (w_csra·L_csra ≈ w_reg·L_reg)
+            self._record(reg_weighted=args.w_reg * reg, csra_weighted=args.w_csra * per_step)
         out["loss"] = loss
         return (loss, out) if return_outputs else loss
 
