@@ -43,6 +43,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from .losses import eagle_loss
+from .trainers import greedy_labels_field
 
 IGNORE_INDEX = -100
 
@@ -360,9 +361,7 @@ class ParallelTrainingArguments(TrainingArguments):
         "random groups per row (ignores parallel_group_density); 0: groups by density"})  # fmt: skip
     w_reg: float = field(default=1.0, metadata={"help": "Weight of the feature-regression term."})
     w_cls: float = field(default=0.1, metadata={"help": "Weight of the classification term (EAGLE: 0.1)."})
-    greedy_labels: bool = field(default=False, metadata={"help": "the data's answer tokens are the target's own greedy "
-        "choices (self-distilled, hf_spec.training.distill; set automatically for such caches): the draft-vocabulary "
-        "mask then reads the next token instead of running the full LM head"})  # fmt: skip
+    greedy_labels: bool = greedy_labels_field()
     learning_rate: float = field(default=5e-5, metadata={"help": "Paper A.2: 5e-5 for EAGLE-ParallelSpec."})
     adam_beta1: float = field(default=0.9, metadata={"help": "Paper A.2."})
     adam_beta2: float = field(default=0.95, metadata={"help": "Paper A.2: 0.95."})

@@ -24,6 +24,13 @@ from .losses import (
 )
 
 
+def greedy_labels_field():
+    """The ``greedy_labels`` training argument, shared by the EAGLE-family and ParallelSpec trainers."""
+    return field(default=False, metadata={"help": "the data's answer tokens are the target's own greedy choices "
+        "(self-distilled, hf_spec.training.distill; set automatically for such caches): the draft-vocabulary mask "
+        "then reads the next token instead of running the full LM head"})  # fmt: skip
+
+
 @dataclass
 class EagleTrainingArguments(TrainingArguments):
     """EAGLE's recipe (Li et al., 2024): AdamW (β2 = 0.95), lr 3e-5 with linear warmup/decay,
@@ -34,9 +41,7 @@ class EagleTrainingArguments(TrainingArguments):
     w_cls: float = field(default=0.1, metadata={"help": "weight of the cross-entropy to the target's distribution (EAGLE: 0.1)"})
     feature_noise: float = field(default=0.1, metadata={"help": "half-width of uniform noise added to the input features (EAGLE: 0.1)"})
     max_length: int = field(default=2048, metadata={"help": "training sequences are truncated to this many tokens"})
-    greedy_labels: bool = field(default=False, metadata={"help": "the data's answer tokens are the target's own greedy "
-        "choices (self-distilled, hf_spec.training.distill; set automatically for such caches): the draft-vocabulary "
-        "mask then reads the next token instead of running the full LM head"})  # fmt: skip
+    greedy_labels: bool = greedy_labels_field()
     # paper defaults for inherited fields
     learning_rate: float = field(default=3e-5, metadata={"help": "peak AdamW learning rate (EAGLE: 3e-5)"})
     adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2 (EAGLE: 0.95)"})
