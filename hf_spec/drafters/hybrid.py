@@ -17,6 +17,7 @@ committed pairs, in order, as without the branches.
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
@@ -89,8 +90,9 @@ class NGramHybridSession(DraftingSession):
         return max(self.copy_nodes, DEFAULT_DRAFT_NODES)
 
     def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
-        device = next_tokens.device
-        start = timing.clock(device)
+        # The n-gram work is host work (its tensor reads wait for the device anyway): timed without a device sync.
+        # Only a weighed cycle's drafting is timed through the device (timing.clock), as the gate needs it.
+        start = time.perf_counter()
         committed = self.ngram.extend(next_tokens)
         weighed = None
         if self.gate is not None:
@@ -100,23 +102,22 @@ class NGramHybridSession(DraftingSession):
                 self.gate.record_ngram(weighed[0])
                 self._deferred.append((features, next_tokens))  # read with the next drafted cycle
                 self.skipped_cycles += 1
-                self.seconds += timing.clock(device) - start
+                self.seconds += time.perf_counter() - start
                 return weighed[1]
         if self._deferred:
             features = torch.cat([*(f for f, _ in self._deferred), features])
             next_tokens = torch.cat([*(t for _, t in self._deferred), next_tokens])
             self._deferred = []
-        drafting = timing.clock(device)
-        self.seconds += drafting - start
+        self.seconds += time.perf_counter() - start
+        drafting = timing.clock(next_tokens.device) if weighed is not None else 0.0
         tree = self.inner.propose(features, next_tokens)
-        grafting = timing.clock(device)
+        grafting = time.perf_counter()
         drafter_nodes = len(tree) - 1
         branches = max(self.branches, len(weighed[1]) - 1) if weighed is not None else self.branches
         tree = self.ngram.graft(tree, self.shape, branches, self.do_sample, depth=self.depth)
-        end = timing.clock(device)
-        self.seconds += end - grafting
+        self.seconds += time.perf_counter() - grafting
         if weighed is not None:  # the first drafted cycle reads the whole prompt: no cycle's cost
-            draft_ms = 1000.0 * (end - drafting) if self._drafted else None
+            draft_ms = 1000.0 * (timing.clock(next_tokens.device) - drafting) if self._drafted else None
             self.gate.record_drafted(drafter_nodes, draft_ms, *weighed)
         self._drafted += 1
         return tree
