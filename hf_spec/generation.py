@@ -158,7 +158,7 @@ def speculative_decode(
         controller = controller_for(drafter, key, labels, start)
     temperature = float(generation_config.temperature or 1.0) if do_sample else 1.0
     _check_streamer(streamer, input_ids)
-    with compat.masked_sdpa_gqa(model.device):  # tree masks without copying the cache's key/value heads (CPU)
+    with compat.tree_attention(model.device):  # no key/value-head copies (CPU), no per-shape cuDNN plans (CUDA)
         output, stats = decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                drafter=drafter, arms=arms, controller=controller, do_sample=do_sample,
                                temperature=temperature, attention_mask=model_kwargs.get("attention_mask"),

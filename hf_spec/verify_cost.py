@@ -54,7 +54,7 @@ _curves: dict = {}
 @torch.inference_mode()
 def measure_verify_cost(model, sizes: Sequence[int], prefix_length: int = 256, repeats: int = 7, seed: int = 0):
     """``{n: median ms of one target forward of n tree tokens on a cached prefix + the LM head over the n rows}``."""
-    with compat.masked_sdpa_gqa(model.device):  # as hf-spec's decoding verifies
+    with compat.tree_attention(model.device):  # as hf-spec's decoding verifies
         return _measure_verify_cost(model, sizes, prefix_length, repeats, seed)
 
 

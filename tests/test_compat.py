@@ -7,6 +7,8 @@ here first (and fixed in hf_spec/compat.py only).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import DynamicCache, LogitsProcessorList
@@ -195,7 +197,7 @@ def test_greedy_equality_on_cuda():
     assert 0 < stats.target_forward_seconds <= stats.total_seconds
 
 
-def test_masked_sdpa_gqa_passes_grouped_heads_unrepeated_and_changes_no_result(monkeypatch):
+def test_tree_attention_passes_grouped_heads_unrepeated_on_cpu_and_changes_no_result(monkeypatch):
     """transformers' TRANSFORMERS_SDPA_FORCE_GQA switch (read by sdpa_attention.use_gqa_in_sdpa) makes a masked
     SDPA call take grouped key/value heads as they are; a tree verification then gives the same logits."""
     from transformers.integrations import sdpa_attention
@@ -216,13 +218,33 @@ def test_masked_sdpa_gqa_passes_grouped_heads_unrepeated_and_changes_no_result(m
             return out
 
         repeated = verify()
-        with compat.masked_sdpa_gqa(torch.device("cpu")):
+        with compat.tree_attention(torch.device("cpu")):
             assert sdpa_attention.use_gqa_in_sdpa(mask, keys, keys), (
-                "transformers no longer reads TRANSFORMERS_SDPA_FORCE_GQA in use_gqa_in_sdpa (compat.masked_sdpa_gqa)")
+                "transformers no longer reads TRANSFORMERS_SDPA_FORCE_GQA in use_gqa_in_sdpa (compat.tree_attention)")
+            assert torch.backends.cuda.cudnn_sdp_enabled()  # a CUDA-only setting, left alone on a CPU
             grouped = verify()
-    import os
-
     assert compat.SDPA_FORCE_GQA not in os.environ  # restored
     torch.testing.assert_close(grouped, repeated, rtol=1e-5, atol=1e-5)
-    with compat.masked_sdpa_gqa(torch.device("meta")):  # not a CPU (CUDA would fall back to the math kernel)
+    with compat.tree_attention(torch.device("meta")):  # not a CPU (CUDA would fall back to the math kernel)
         assert compat.SDPA_FORCE_GQA not in os.environ
+
+
+def test_tree_attention_keeps_cudnn_sdpa_off_on_cuda_and_restores_it():
+    """On CUDA, torch's cuDNN SDPA backend builds a plan per new (query, key) length (108 ms per masked call at a
+    new length on an H200, torch 2.11): off inside hf-spec's decoding, restored after, left off if the user
+    turned it off. The flags are process-wide, so this runs without a GPU."""
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with compat.tree_attention(torch.device("cuda", 0)):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert compat.SDPA_FORCE_GQA not in os.environ  # the CPU switch stays off on CUDA
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with pytest.raises(RuntimeError, match="inside"), compat.tree_attention("cuda"):
+        raise RuntimeError("inside")
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after an error too
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        with compat.tree_attention(torch.device("cuda")):
+            pass
+        assert not torch.backends.cuda.cudnn_sdp_enabled()  # the user's choice stands
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
