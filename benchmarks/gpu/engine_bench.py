@@ -696,10 +696,11 @@ def write_readme(results: dict, out: Path) -> None:
         "hf-spec rows: the oracle drafter (real-shape EAGLE-3 drafting work, acceptance set by the oracle), tree "
         "shape fixed per row. Per-cycle columns are the steady state (cycles 2..n): draft = drafter forwards, "
         "verify = target forward + LM head, host = the rest of the cycle (tree building, masks, walk, commit, emit, "
-        "oracle rewrite). `= plain`: output identical to plain eager greedy.",
+        "oracle rewrite). `= plain`: output identical to plain eager greedy. `runs`: each timed repeat in order (a "
+        "repeat replays the shapes of the one before it, so a slow first repeat is a per-shape cost).",
         "",
     ]
-    header = ("| method | tok/s | × eager | × compiled | τ | p | cycle ms | draft ms | verify ms | host ms (share) "
+    header = ("| method | tok/s | runs tok/s | × eager | × compiled | τ | p | cycle ms | draft ms | verify ms | host ms (share) "
               "| nodes | peak GiB | = plain |")  # fmt: skip
     for name, target in results["targets"].items():
         methods = target.get("methods", {})
@@ -709,16 +710,17 @@ def write_readme(results: dict, out: Path) -> None:
         for key in ("skipped", "error"):
             if target.get(key):
                 lines += [f"{key.capitalize()}: {target[key]}", ""]
-        lines += [header, "|---" * 13 + "|"]
+        lines += [header, "|---" * 14 + "|"]
         for method in ordered_methods(results, methods):
             r = methods[method]
             if "skipped" in r:
-                lines.append(f"| {method} | skipped: {r['skipped']} |" + " |" * 11)
+                lines.append(f"| {method} | skipped: {r['skipped']} |" + " |" * 12)
                 continue
             tps = r.get("tokens_per_s")
             share = r.get("host_share")
             same = "ref" if r.get("reference") else _fmt(r.get("matches_plain"))
-            cells = [method, _fmt(tps, 1), _fmt(tps / eager if tps and eager else None),
+            runs = " / ".join(_fmt(x, 1) for x in r.get("tokens_per_s_runs") or [])
+            cells = [method, _fmt(tps, 1), runs or "–", _fmt(tps / eager if tps and eager else None),
                      _fmt(tps / compiled if tps and compiled else None), _fmt(r.get("tau")), _fmt(r.get("p")),
                      _fmt(r.get("cycle_ms")), _fmt(r.get("draft_ms_per_cycle")), _fmt(r.get("verify_ms_per_cycle")),
                      _fmt(r.get("host_ms_per_cycle")) + (f" ({share:.0%})" if share is not None else ""),
