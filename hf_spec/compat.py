@@ -7,6 +7,9 @@ fails with a message naming the attribute when a transformers upgrade changes it
 - ``DynamicCache.layers[i].keys/.values`` (and ``.is_initialized``) are read and reassigned to
   compact the cache (:func:`cache_layers_kv`, :func:`set_layer_kv`, :func:`crop_cache_layers`).
 - ``DynamicCache.crop(n)`` with a negative ``n`` removes ``-n`` positions (:func:`crop_cache`).
+- ``StaticCache`` layers' private ``cumulative_length`` counter is set, and their ``keys``/``values`` are moved
+  in place, for tree verification on a static cache (:func:`set_static_cache_length`,
+  :func:`move_static_cache_slots`).
 - ``config._attn_implementation`` is read (the tree path needs an implementation that takes an
   arbitrary 4D mask, :func:`check_tree_mask_attention`) and set on drafter layer configs
   (:func:`attn_implementation`, :func:`set_attn_implementation`).
@@ -74,6 +77,25 @@ def crop_cache_layers(cache: DynamicCache, layer_indices, length: int) -> None:
             continue
         if layer.keys.shape[-2] > length:
             set_layer_kv(layer, layer.keys[..., :length, :], layer.values[..., :length, :])
+
+
+def set_static_cache_length(cache, length: int) -> None:
+    """Set how many positions every layer of a transformers ``StaticCache`` holds: the next forward writes its
+    keys and values from slot ``length`` on. Writes the layers' private ``cumulative_length`` counters in place
+    (a tensor on the cache's device, so a compiled forward keeps its address and no host sync happens)."""
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(length)
+
+
+def move_static_cache_slots(cache, source: torch.Tensor, start: int) -> None:
+    """In every initialised layer of a ``StaticCache``, copy the keys and values of slots ``source`` (increasing,
+    each >= ``start``) to slots ``start``, ``start + 1``, ..., in place."""
+    end = start + source.numel()
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False):
+            index = source.to(layer.keys.device)
+            layer.keys[:, :, start:end] = layer.keys.index_select(2, index)
+            layer.values[:, :, start:end] = layer.values.index_select(2, index)
 
 
 def attn_implementation(config) -> str | None:

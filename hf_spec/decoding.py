@@ -59,6 +59,7 @@ from .cache import crop_to, gather_positions, keep_accepted, select_rows
 from .controller import SpeedController
 from .drafters.hybrid import with_ngram_branches
 from .drafters.session import DraftingSession, check_ngram_branches
+from .static_cache import static_layout, wants_static_cache
 from .stats import BatchGenerationStats, GenerationStats
 from .tree.tree import DraftTree
 from .verify import WalkResult, greedy_plan, greedy_result, verify_tree
@@ -195,13 +196,19 @@ class _Target:
         if self.feature_layers is not None:
             self._layers = target_layers(self.base, self.feature_layers)
 
-    def forward(self, input_ids, cache, attention_mask=None, position_ids=None) -> torch.Tensor:
+    def forward(self, input_ids, cache, attention_mask=None, position_ids=None, call=None) -> torch.Tensor:
         """The base model over (b, q) new tokens on top of ``cache``: the (b, q, H) last hidden
-        state; sets :attr:`drafter_features`."""
+        state; sets :attr:`drafter_features`. ``call``: the base model's compiled call to run instead
+        (the drafter's layer inputs then come from ``output_hidden_states``: hooks would recompile it)."""
         start = timing.clock(self.device)
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       past_key_values=cache, use_cache=True)  # fmt: skip
-        if self.feature_layers is None:
+        if call is not None:
+            result = call(**inputs, output_hidden_states=self.feature_layers is not None)
+            out = result.last_hidden_state
+            self.drafter_features = out if self.feature_layers is None else torch.cat(
+                [result.hidden_states[i] for i in self.feature_layers], dim=-1)  # fmt: skip
+        elif self.feature_layers is None:
             out = self.base(**inputs).last_hidden_state
             self.drafter_features = out
         else:
@@ -548,7 +555,10 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     loop_start = timing.clock(device)
     drafted_arms = sum(arm.shape is not None for arm in arms)
     target = _Target(model, drafter.target_feature_layers())  # every call has a drafted arm: features are read
-    layout = _OneRowCache() if one_row else _PaddedCache(input_ids, attention_mask)
+    if wants_static_cache(gc):
+        layout = static_layout(model, gc, call.max_length, one_row)
+    else:
+        layout = _OneRowCache() if one_row else _PaddedCache(input_ids, attention_mask)
     features = layout.prefill(target, input_ids)
     last_logits = target.logits(features[:, -1])
     rows: list[_Row] = []
