@@ -35,7 +35,7 @@ def hf_spec_rows(bench, methods):
 
 def test_every_target_has_every_method(tiny_run):
     bench, results, _ = tiny_run
-    expected = bench.expected_methods(list(bench.SHAPES), list(bench.TAUS))
+    expected = bench.expected_methods(list(bench.SHAPES), list(bench.TAUS), ["eager", "static"])
     assert results["meta"]["methods"] == expected
     assert set(results["targets"]) == set(bench.TINY_TARGETS) == set(bench.REAL_TARGETS)
     for name, target in results["targets"].items():

@@ -836,6 +836,9 @@ def parse_args(argv=None):
     parser.add_argument("--replot", default=None, metavar="RESULTS_JSON",
                         help="only re-render README.md and engine_bench.png from a results.json (into its folder, or "
                              "--out), e.g. after a run was cut by a time limit")  # fmt: skip
+    parser.add_argument("--no-static", action="store_true",
+                        help="skip hf-spec's static-cache rows (cache_implementation='static': tree verification "
+                             "in a preallocated cache at bucketed sizes, compiled on CUDA)")  # fmt: skip
     parser.add_argument("--spec-variant", action="append", default=[], metavar="NAME=JSON",
                         help="extra hf-spec rows with these generate() kwargs (e.g. a compiled verification path "
                              "once it exists); the plain 'eager' variant always runs")  # fmt: skip
@@ -857,10 +860,15 @@ def parse_args(argv=None):
         parser.error(f"unknown shapes in {args.shapes}; choose from {list(SHAPES)}")
     args.tau_values = [float(t) for t in args.taus.split(",") if t]
     args.grid = [int(k) for k in args.cost_grid.split(",") if k]
-    args.variants = {"eager": {}}
+    args.variants = {"eager": {}} if args.no_static else {"eager": {}, "static": {"cache_implementation": "static"}}
     for spec in args.spec_variant:
         name, _, kwargs = spec.partition("=")
         args.variants[name] = json.loads(kwargs or "{}")
+    for kwargs in args.variants.values():  # JSON gives a dict; generate() takes a CompileConfig
+        if isinstance(kwargs.get("compile_config"), dict):
+            from transformers import CompileConfig
+
+            kwargs["compile_config"] = CompileConfig(**kwargs["compile_config"])
     out = args.out or os.environ.get("OUT") or str(HERE / "results")
     args.out_dir = Path(out)
     return args
@@ -950,8 +958,8 @@ def run_target(name, args, results, deadline, start, targets_left):
         spec_error = f"error: {type(error).__name__}: {error}"[:500]
         log(start, f"{name}: hf-spec warm-up failed: {error!r}"[:300])
     order = sorted(args.tau_values, key=lambda t: (t != 3.0, t))
-    for variant, extra in args.variants.items():
-        for tau in order:
+    for tau in order:  # τ≈3 first, eager and static side by side
+        for variant, extra in args.variants.items():
             for shape_name in args.shape_names:
                 shape = SHAPES[shape_name]
                 method = spec_method_name(shape_name, tau, variant)
@@ -964,6 +972,12 @@ def run_target(name, args, results, deadline, start, targets_left):
                     methods[method] = {"skipped": f"time budget ({left():.0f} s left)"}
                     continue
                 try:
+                    warmup = None
+                    if variant != "eager":  # a compiled variant compiles here (once per bucket), not in a timed run
+                        warmup = clock(device)
+                        hf_spec_run(target, drafter, prompts[0], references[0], shape, p, args.seed, args.new_tokens,
+                                    device, False, extra)  # fmt: skip
+                        warmup = clock(device) - warmup
                     reset_peak(device)
                     repeats = []
                     for r in range(args.repeats):
@@ -974,7 +988,8 @@ def run_target(name, args, results, deadline, start, targets_left):
                             runs.append(record)
                         repeats.append(runs)
                     result = {"shape": shape, "variant": variant, "tau_target": tau, "p": round(p, 4),
-                              **aggregate_spec(repeats), "peak_memory_gib": peak_gib(device)}  # fmt: skip
+                              **aggregate_spec(repeats), "peak_memory_gib": peak_gib(device),
+                              "warmup_seconds": rounded(warmup, 2) if warmup is not None else None}  # fmt: skip
                     for plain in ("plain_eager", "plain_compiled_static"):
                         base = methods.get(plain, {}).get("tokens_per_s")
                         result[f"speedup_vs_{plain}"] = rounded(result["tokens_per_s"] / base) if base else None
@@ -1101,7 +1116,8 @@ def _run(args, start, deadline) -> dict:
             "repeats": args.repeats,
             "shapes": {name: SHAPES[name] for name in args.shape_names},
             "taus": args.tau_values,
-            "variants": args.variants,
+            "variants": {name: {key: value.to_dict() if hasattr(value, "to_dict") else value for key, value in kw.items()}
+                         for name, kw in args.variants.items()},  # fmt: skip
             "methods": expected_methods(args.shape_names, args.tau_values, list(args.variants)),
             "cost_grid": args.grid,
             "draft_logit_std": DRAFT_LOGIT_STD,
