@@ -80,11 +80,14 @@ def test_compiled_static_verification_matches_plain_greedy():
     assert target.base_model in static_cache._compiled  # the compiled call ran, and is kept
 
 
-def test_static_cache_sampled_law_is_exact():
+def test_compiled_static_cache_sampled_law_is_exact():
+    """Chi-square of sampled generations against the exact target law, through the compiled static layout (the
+    eager static layout runs the same code without compiling: the greedy tests above)."""
     target, drafter = tiny_pair("trained")
     prompt = random_prompt(length=6, vocab_size=VOCAB, seed=11)
     p_value, tau = sampled_law_p_value(target, prompt, drafter, dict(temperature=1.0), tree_depth=4, tree_top_k=4,
-                                       tree_total_tokens=12, **STATIC)  # fmt: skip
+                                       tree_total_tokens=12, compile_config=CompileConfig(mode="default"),
+                                       **STATIC)  # fmt: skip
     assert p_value > P_VALUE_FLOOR, (p_value, tau)
     assert tau > 1.5
 
@@ -107,3 +110,22 @@ def test_compile_follows_transformers_rule():
     assert static_cache.should_compile(GenerationConfig(), cuda)
     assert static_cache.should_compile(GenerationConfig(compile_config=CompileConfig()), cpu)
     assert not static_cache.should_compile(GenerationConfig(disable_compile=True), cuda)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_static_cache_on_cuda_compiles_and_matches_plain_greedy(dtype):
+    """On CUDA the static layout compiles by default (transformers' CompileConfig: CUDA graphs); the output is
+    plain greedy's (float32), and in bf16 it is plain greedy's unless a near-tie flips (then the texts agree on a
+    long prefix)."""
+    target = make_target("llama").to("cuda", dtype)
+    drafter = hf_spec.EagleDrafter.from_target(target).to("cuda", dtype)
+    prompt = random_prompt().to("cuda")
+    expected = plain_generate(target, prompt, max_new_tokens=32, do_sample=False)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=32, do_sample=False, tree_depth=3,
+                          tree_top_k=2, tree_total_tokens=6, **STATIC)  # fmt: skip
+    assert target.base_model in static_cache._compiled
+    if dtype == torch.float32:
+        assert torch.equal(out, expected)
+    else:
+        assert torch.equal(out[:, : prompt.shape[1] + 8], expected[:, : prompt.shape[1] + 8])
