@@ -189,7 +189,8 @@ class _Target:
         self.lm_head = model.get_output_embeddings()
         self.sliding_window = compat.target_sliding_window(model.config)
         self.device = model.device
-        self.seconds = 0.0
+        self.watch = timing.Stopwatch(self.device)
+        """Time in the target's forwards and LM head (no host sync per forward on CUDA)."""
         self.feature_layers = tuple(feature_layers) if feature_layers else None
         self.drafter_features = None
         """What the drafter reads of the last forward, (b, q, ·), set by :meth:`forward`."""
@@ -200,7 +201,10 @@ class _Target:
         """The base model over (b, q) new tokens on top of ``cache``: the (b, q, H) last hidden
         state; sets :attr:`drafter_features`. ``call``: the base model's compiled call to run instead
         (the drafter's layer inputs then come from ``output_hidden_states``: hooks would recompile it)."""
-        start = timing.clock(self.device)
+        with self.watch():
+            return self._forward(input_ids, cache, attention_mask, position_ids, call)
+
+    def _forward(self, input_ids, cache, attention_mask, position_ids, call) -> torch.Tensor:
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       past_key_values=cache, use_cache=True)  # fmt: skip
         if call is not None:
@@ -213,7 +217,6 @@ class _Target:
             self.drafter_features = out
         else:
             out, self.drafter_features = forward_with_layer_inputs(self.base, self._layers, **inputs)
-        self.seconds += timing.clock(self.device) - start
         return out
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -221,10 +224,8 @@ class _Target:
         in the target's dtype, then ``.float()``. Verification runs it over every tree node:
         free on a GPU (memory bound), but on a CPU 61 rows of SmolLM2's head cost about 4 (fp32)
         / 2.7 (bf16) single-row calls, more than a walk at tau ~1.6 visits (measured 1 thread)."""
-        start = timing.clock(self.device)
-        logits = self.lm_head(features).float()
-        self.seconds += timing.clock(self.device) - start
-        return logits
+        with self.watch():
+            return self.lm_head(features).float()
 
 
 def stop_flags(sequence: torch.Tensor, start: int, stopping_criteria) -> torch.Tensor:
@@ -638,7 +639,7 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     sequences = layout.sequences(rows, prompt_length, horizon, pad_token)
     if streamer is not None:
         streamer.end()
-    stats.target_forward_seconds = target.seconds
+    stats.target_forward_seconds = target.watch.seconds
     stats.total_seconds = timing.clock(device) - loop_start
     if controller is not None:
         stats.controller = controller.summary()

@@ -8,6 +8,7 @@ here first (and fixed in hf_spec/compat.py only).
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -182,6 +183,46 @@ def test_clock_synchronizes_only_on_cuda(monkeypatch):
     assert synced == []
     timing.clock(torch.device("cuda", 0))
     assert synced == [torch.device("cuda", 0)]
+
+
+def test_stopwatch_totals_regions_and_syncs_only_when_read_on_cuda(monkeypatch):
+    """On a CPU a Stopwatch adds perf_counter durations; on CUDA it records an event pair per region and waits
+    once, for the last event, when its total is read (no torch.cuda.synchronize per region)."""
+    cpu = timing.Stopwatch(torch.device("cpu"))
+    for _ in range(2):
+        with cpu():
+            time.sleep(0.01)
+    assert 0.02 <= cpu.seconds < 0.5
+
+    waited, synced = [], []
+
+    class FakeEvent:
+        clock = 0.0
+
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.at = None
+
+        def record(self):
+            FakeEvent.clock += 5.0  # each record is 5 ms after the one before
+            self.at = FakeEvent.clock
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+        def synchronize(self):
+            waited.append(self.at)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    cuda = timing.Stopwatch(torch.device("cuda", 0))
+    for _ in range(3):
+        with cuda():
+            pass
+    assert waited == [] and synced == []
+    assert cuda.seconds == pytest.approx(3 * 0.005)
+    assert waited == [30.0] and synced == []  # one wait, for the last region's end
+    assert cuda.seconds == pytest.approx(0.015) and len(waited) == 1  # read again: nothing pending
 
 
 @pytest.mark.cuda
