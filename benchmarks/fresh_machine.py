@@ -193,10 +193,9 @@ def main():
     args = parse_args()
     cache = cold_cache(args.keep_cache)  # before hf_spec is imported
     import hf_spec
-    import hf_spec.hardware  # the helper `hf-spec demo --dtype auto` uses (a public module)
     import torch
 
-    dtype = hf_spec.hardware.dtype_name(hf_spec.hardware.resolve_dtype(args.dtype))
+    dtype = hf_spec.dtype_name(hf_spec.resolve_dtype(args.dtype))  # what `hf-spec demo --dtype auto` picks
     stamp = datetime.now(timezone.utc)
     out = Path(args.out or REPO / "benchmarks" / "fresh_machine" / "results" / f"{dtype}_{stamp:%Y%m%dT%H%M%SZ}")
     command = " ".join(["python", *sys.argv])

@@ -5,7 +5,7 @@ and installs the one integration point (see :mod:`hf_spec.generation`): afterwar
 ``target.generate(input_ids, assistant_model=drafter)`` runs hf-spec's tree decoding.
 """
 
-from .hardware import configure_mkl
+from .hardware import configure_mkl, dtype_name, resolve_dtype
 
 configure_mkl()  # before any float32 product: MKL reads it at its first call (hf_spec.hardware)
 
@@ -25,6 +25,7 @@ from .drafters import (  # noqa: E402
 )
 from .controller import SpeedController
 from .drafters.auto import AutoDrafter
+from .drafters.session import DraftingSession
 from .drafters.registry import DRAFTER_CLASSES
 from .generation import install, speculative_decode, uninstall
 from .resources import PACKAGED_MODELS, load_packaged_model, packaged_model_path
@@ -49,6 +50,7 @@ __all__ = [
     "ParallelDrafterConfig",
     "SpecDrafterConfig",
     "SpecDrafterModel",
+    "DraftingSession",
     "GenerationStats",
     "SpeedController",
     "DraftTree",
@@ -60,4 +62,6 @@ __all__ = [
     "load_packaged_model",
     "packaged_model_path",
     "PACKAGED_MODELS",
+    "resolve_dtype",
+    "dtype_name",
 ]

@@ -164,6 +164,22 @@ def family(request):
     return request.param
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the packaged SmolLM2-135M-Instruct in float32, loaded once for the whole session and
+    shared by every integration test and the README session (tests must not change them: the README session gets
+    its own tokenizer); skips when its package is missing, with the pip command."""
+    from hf_spec.demo import DEFAULT_TARGET
+    from hf_spec.resources import MissingPackageError, install_command, package_dir
+
+    entry = hf_spec.PACKAGED_MODELS[DEFAULT_TARGET]
+    try:
+        package_dir(entry.packages[0])
+    except MissingPackageError:
+        pytest.skip(f"SmolLM2 package missing: {install_command(entry.packages)}")
+    return hf_spec.load_packaged_model(DEFAULT_TARGET, dtype=torch.float32)
+
+
 class CallCountingStreamer(BaseStreamer):
     """A streamer that counts put()/end() calls (tests that rejected calls stream nothing)."""
 

@@ -162,8 +162,8 @@ def test_fixed_shapes_and_switched_off_controllers_have_one_arm():
 
 
 @pytest.mark.integration
-def test_the_default_controller_reports_its_arms_on_the_packaged_model():
-    target, tokenizer = hf_spec.load_packaged_model("smollm2-135m-instruct", dtype=torch.float32)
+def test_the_default_controller_reports_its_arms_on_the_packaged_model(smollm2):
+    target, tokenizer = smollm2
     drafter = hf_spec.EagleDrafter.from_pretrained(SHIPPED / "smollm2-135m-instruct-hass")
     ids = tokenizer("def fibonacci(n):\n    ", return_tensors="pt").input_ids
     expected = plain_generate(target, ids, max_new_tokens=48, do_sample=False)

@@ -10,7 +10,8 @@ import hf_spec
 from conftest import make_target, plain_generate, random_prompt
 from hf_spec.drafters.datastore import DATASTORE_FILE, NGramDatastore
 from hf_spec.training.data import datastore_from_feature_cache
-from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, warpers
+from test_sampling import (P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, rejects_colder_law, sample_batches,
+                           warpers)  # fmt: skip
 
 
 def brute_force(documents, suffix, max_depth):
@@ -105,14 +106,11 @@ def test_sampled_distribution_equals_target(warp):
     drafter = hf_spec.NGramDrafter(max_depth=3, num_draft_tokens=16, node_cost=0,  # full trees: many accepts
                                        datastore=NGramDatastore.from_documents(corpus))
     exact = exact_joint(target, prompt, warpers(**warp))
-    counts, accepted = torch.zeros([VOCAB] * 3), []
     torch.manual_seed(1234)
-    for _ in range(1500):
-        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter,
-                              max_new_tokens=3, do_sample=True, top_k=None, **warp)  # fmt: skip
-        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
-        accepted += drafter.last_generation_stats.accepted_lengths
+    counts, stats = sample_batches(target, prompt, drafter, **warp)  # in batches of rows
+    accepted = [length for s in stats for length in s.accepted_lengths]
     assert chi_square_pvalue(counts, exact) > P_VALUE_FLOOR
+    assert rejects_colder_law(counts, target, prompt, warp)  # the test can fail
     assert sum(accepted) / len(accepted) > 0.5  # the context alone (4 random tokens) would draft almost nothing
 
 

@@ -14,7 +14,8 @@ from hf_spec.tree.tree import DraftTree
 from hf_spec.verify import _rejection_sample, greedy_plan
 from test_batched import pad_left, per_row_expected
 from test_ngram import repetitive_sampling_case, target_text_prompt
-from test_sampling import P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, warpers
+from test_sampling import (P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, rejects_colder_law, sample_batches,
+                           warpers)  # fmt: skip
 from test_s2d import sorted_pair
 
 SHAPE = dict(tree_depth=4, tree_top_k=4, tree_total_tokens=12)
@@ -207,15 +208,11 @@ def test_mixed_point_mass_and_sampled_candidates_rejection_sampling_is_exact():
 
 
 def sample_counts(target, prompt, drafter, seed: int, stat: str | None = None, **generate_kwargs):
-    """Counts of 1,500 sampled 3-token continuations (VOCAB^3 table) and the sum of one GenerationStats field."""
-    counts, total = torch.zeros([VOCAB] * 3), 0
+    """Counts of 1,500 sampled 3-token continuations (VOCAB^3 table, drawn in batches of rows:
+    :func:`test_sampling.sample_batches`) and the sum of one GenerationStats field over the calls."""
     torch.manual_seed(seed)
-    for _ in range(1500):
-        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter,
-                              max_new_tokens=3, do_sample=True, top_k=None, **generate_kwargs)  # fmt: skip
-        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
-        total += getattr(drafter.last_generation_stats, stat) if stat else 0
-    return counts, total
+    counts, stats = sample_batches(target, prompt, drafter, **generate_kwargs)
+    return counts, sum(getattr(s, stat) for s in stats) if stat else 0
 
 
 @pytest.mark.parametrize("warp", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)], ids=str)
@@ -227,6 +224,7 @@ def test_sampled_distribution_equals_target(warp, monkeypatch):
                                        tree_depth=3, tree_top_k=2, tree_total_tokens=4, **warp)  # fmt: skip
     p_value = chi_square_pvalue(counts, exact)
     assert p_value > P_VALUE_FLOOR, p_value
+    assert rejects_colder_law(counts, target, prompt, warp)  # the test can fail
     assert from_ngram > 100  # n-gram nodes are accepted: the point-mass path is exercised
     mixed = [t for _, t in trees if t.num_point_mass is not None and bool(
         ((t.num_point_mass > 0) & ((t.candidate_tokens >= 0).sum(dim=1) > t.num_point_mass)).any())]  # fmt: skip
@@ -241,6 +239,7 @@ def test_sampled_distribution_with_copy_cycles_equals_target(monkeypatch):
     counts, _ = sample_counts(target, prompt, drafter, 4321, tree_depth=2, tree_top_k=2, tree_total_tokens=2)
     p_value = chi_square_pvalue(counts, exact)
     assert p_value > P_VALUE_FLOOR, p_value
+    assert rejects_colder_law(counts, target, prompt, dict(temperature=1.0))  # the test can fail
     assert any(len(grafted) - len(base) > 1 for base, grafted in trees)  # copy cycles occurred
 
 
@@ -573,6 +572,7 @@ def test_sampled_distribution_with_the_cost_gate_equals_target(kind, monkeypatch
                                        tree_total_tokens=2)  # fmt: skip
     p_value = chi_square_pvalue(counts, exact)
     assert p_value > P_VALUE_FLOOR, p_value
+    assert rejects_colder_law(counts, target, prompt, dict(temperature=1.0))  # the test can fail
     forwards_per_drafted_cycle = 2 if kind == "eagle" else 1  # depth 2: EAGLE commits then expands once
     assert calls[0] < forwards_per_drafted_cycle * num_cycles  # some cycles skipped the drafter
 
@@ -627,4 +627,5 @@ def test_sampled_law_with_ngram_branches_is_exact_for_every_family(name, monkeyp
     counts, from_ngram = sample_counts(target, prompt, drafter, 1234, "accepted_from_ngram", ngram_branches=4,
                                        tree_depth=3, tree_top_k=2, tree_total_tokens=4, temperature=1.0)  # fmt: skip
     assert chi_square_pvalue(counts, exact) > P_VALUE_FLOOR
+    assert rejects_colder_law(counts, target, prompt, dict(temperature=1.0))  # the test can fail
     assert from_ngram > 100 and trees  # n-gram nodes are accepted: the point-mass path is exercised

@@ -155,3 +155,58 @@ def test_the_loop_module_does_not_import_the_integration_point():
 def test_importing_the_loop_module_first_works():
     code = "import hf_spec.decoding as d, hf_spec.generation as g; assert g.decode is d.decode"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
+
+
+# -- benchmarks/ use the public API only ----------------------------------------------------------
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+def _public_names() -> set[str]:
+    """``hf_spec.__all__``, read from ``hf_spec/__init__.py`` without importing it."""
+    for node in ast.parse((PACKAGE / "__init__.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("hf_spec/__init__.py defines no __all__")
+
+
+def _non_public_uses(source: str, public: set[str]) -> list[str]:
+    """What ``source`` takes from hf_spec beyond its top-level public names: ``import hf_spec.x``, ``from hf_spec.x
+    import ...``, ``from hf_spec import <not in __all__>``, ``hf_spec.<not in __all__>`` attributes (dunders such as
+    ``__version__`` allowed) and ``__import__``/``import_module`` of a submodule."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Import):
+            found += [f"{line}: import {a.name}" for a in node.names if a.name.startswith("hf_spec.")]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("hf_spec"):
+            if node.module != "hf_spec":
+                found.append(f"{line}: from {node.module} import ...")
+            else:
+                found += [f"{line}: from hf_spec import {a.name}" for a in node.names if a.name not in public]
+        elif isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "hf_spec":
+            if node.attr not in public and not node.attr.startswith("__"):
+                found.append(f"{line}: hf_spec.{node.attr}")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in (
+            "__import__", "import_module"
+        ) and node.args and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("hf_spec."):
+            found.append(f"{line}: import of {node.args[0].value}")
+    return sorted(found, key=lambda use: int(use.split(":")[0]))
+
+
+def test_the_benchmark_check_catches_private_imports():
+    public = {"EagleDrafter", "DraftingSession"}
+    source = ("import hf_spec\nimport hf_spec.hardware\nfrom hf_spec.drafters.session import DraftingSession\n"
+              "from hf_spec import EagleDrafter, _Target\nx = hf_spec.timing.clock()\ny = hf_spec.EagleDrafter\n"
+              "v = hf_spec.__version__\nimportlib.import_module('hf_spec.decoding')\n")  # fmt: skip
+    assert [use.split(":")[0] for use in _non_public_uses(source, public)] == ["2", "3", "4", "5", "8"]
+    assert _non_public_uses("import hf_spec\nfrom hf_spec import DraftingSession\n", public) == []
+
+
+def test_benchmark_scripts_import_only_the_top_level_public_api():
+    """Every ``benchmarks/**/*.py`` takes from hf_spec only names of ``hf_spec.__all__``: benchmarks are what users
+    can run, and a module moved inside the package (e.g. a drafter family into its own package) must not break one."""
+    public = _public_names()
+    scripts = sorted(BENCHMARKS.rglob("*.py"))
+    assert scripts
+    bad = {str(p.relative_to(BENCHMARKS)): uses for p in scripts if (uses := _non_public_uses(p.read_text(), public))}
+    assert not bad, f"benchmarks use hf_spec beyond its public names (export them from hf_spec/__init__.py): {bad}"

@@ -3,7 +3,8 @@
 The blocks are a user's session: the first loads the packaged SmolLM2-135M-Instruct (float32) and a shipped drafter
 from ``drafters/``, later blocks reuse its ``target``, ``tokenizer``, ``drafter``, ``input_ids`` and ``plain``. They
 run from the repository root with the speed controller on, as a user gets it (the suite's conftest turns it off for
-every other test), on the suite's one thread (about 30 s in all on a 2-core CPU). Each block is one test, named by
+every other test), on the suite's one thread (about 30 s in all on a 2-core CPU). The model is the session's one
+loaded SmolLM2 (conftest's ``smollm2``, shared with the integration tests). Each block is one test, named by
 its README line; once a block fails, the later ones are skipped (they would fail on its missing names).
 
 Skipped blocks: a ```python block whose preceding non-blank line is an HTML comment starting with
@@ -23,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoTokenizer
 
 import hf_spec
 from hf_spec.demo import DEFAULT_TARGET
-from hf_spec.resources import MissingPackageError, install_command, package_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -64,14 +66,22 @@ BLOCKS = python_blocks(README.read_text())
 
 
 @pytest.fixture(scope="module")
-def session():
-    """The README session's namespace (and the line of the first block that failed)."""
-    entry = hf_spec.PACKAGED_MODELS[DEFAULT_TARGET]
-    try:
-        package_dir(entry.packages[0])
-    except MissingPackageError:
-        pytest.skip(f"SmolLM2 package missing: {install_command(entry.packages)}")
-    yield {"namespace": {"__name__": "readme"}, "failed": None}
+def session(smollm2):
+    """The README session's namespace (and the line of the first block that failed). While it runs, the README's
+    ``hf_spec.load_packaged_model("smollm2-135m-instruct", dtype=torch.float32)`` returns the session's shared model
+    (conftest's ``smollm2``, loaded by that same call) with a tokenizer of its own (the README changes its padding
+    side); any other call loads as usual."""
+    model, _ = smollm2
+    load = hf_spec.load_packaged_model
+
+    def load_shared(name, dtype=torch.bfloat16, attn_implementation="sdpa"):
+        if (name, dtype, attn_implementation) != (DEFAULT_TARGET, torch.float32, "sdpa"):
+            return load(name, dtype, attn_implementation)
+        return model, AutoTokenizer.from_pretrained(hf_spec.packaged_model_path(name))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hf_spec, "load_packaged_model", load_shared)
+        yield {"namespace": {"__name__": "readme"}, "failed": None}
 
 
 @pytest.mark.integration

@@ -13,7 +13,7 @@ import hf_spec
 from conftest import make_target, plain_generate, random_prompt, save_and_read_keys
 from hf_spec.drafters.s2d import SortedDrafter, SortedDrafterConfig
 from hf_spec.training.losses import exit_distillation_loss
-from test_sampling import VOCAB, chi_square_pvalue, exact_joint, warpers
+from test_sampling import VOCAB, chi_square_pvalue, exact_joint, rejects_colder_law, sample_batches, warpers
 
 P_VALUE_FLOOR = 1e-3
 
@@ -115,15 +115,14 @@ def test_sampling_with_exit_adapters_keeps_target_distribution(floor):
     prompt = random_prompt(length=6, vocab_size=VOCAB, seed=11)
     exact = exact_joint(source, prompt, warpers(temperature=1.0))
     torch.manual_seed(1234)
-    counts = torch.zeros([VOCAB] * 3)
-    totals, accepted = [0, 0, 0], 0
-    for _ in range(1200):
-        out = source.generate(prompt, assistant_model=drafter, max_new_tokens=3, do_sample=True, top_k=None,
-                              tree_depth=3, temperature=1.0, tree_min_prob=floor)  # fmt: skip
-        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
-        totals = [a + b for a, b in zip(totals, drafter.last_generation_stats.early_exits.exit_counts)]
-        accepted += sum(drafter.last_generation_stats.accepted_lengths)
+    # 2,400 draws: this source's law is flat (22 cells of 4,096 expect 5 draws in 1,200), so 1,200 draws told it apart
+    # from the law at 0.85 x temperature only ~half the time (simulated power 0.48; 1.0 at 2,400)
+    counts, stats = sample_batches(source, prompt, drafter, 2400, tree_depth=3, temperature=1.0,
+                                   tree_min_prob=floor)  # fmt: skip
+    totals = [sum(exits) for exits in zip(*(s.early_exits.exit_counts for s in stats))]
+    accepted = sum(sum(s.accepted_lengths) for s in stats)
     assert chi_square_pvalue(counts, exact) > P_VALUE_FLOOR
+    assert rejects_colder_law(counts, source, prompt, dict(temperature=1.0))  # the test can fail
     assert sum(t > 0 for t in totals) >= 2, totals
     assert accepted > 0
 

@@ -28,8 +28,7 @@ import torch
 from transformers import DynamicCache
 
 import hf_spec
-from hf_spec.drafters.session import DraftingSession
-from hf_spec.hardware import dtype_name, resolve_dtype
+from hf_spec import DraftingSession, dtype_name, resolve_dtype
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [  # written for this benchmark; no tuning or default used them

@@ -265,7 +265,7 @@ def _oracle_classes():
     if "OracleDrafter" in globals():
         return OracleDrafter
     import hf_spec
-    from hf_spec.drafters.session import DraftingSession
+    from hf_spec import DraftingSession
 
     class OracleDrafterConfig(hf_spec.SpecDrafterConfig):
         model_type = "hf_spec_bench_oracle"
