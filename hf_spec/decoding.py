@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from . import compat, timing
+from . import compat, timing, verify_cost
 from .cache import crop_to, gather_positions, keep_accepted, select_rows
 from .controller import SpeedController
 from .drafters.hybrid import with_ngram_branches
@@ -74,6 +74,8 @@ def new_session(drafter, model, shape, do_sample: bool, temperature: float, prom
     the drafter's config) sets how many context n-gram nodes are grafted into each of a trained
     drafter's trees (:mod:`hf_spec.drafters.hybrid`, whatever the family)."""
     session = drafter.new_drafting_session(model, shape, do_sample, temperature, prompt_ids=prompt_ids)
+    if session.wants_verify_costs and model is not None:  # an n-gram session sized by this machine's costs
+        session.use_verify_costs(verify_cost.verify_cost_curve(model))
     if use_router is not None:
         if use_router and not session.supports_router:
             raise ValueError(

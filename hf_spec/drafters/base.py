@@ -12,6 +12,8 @@ from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 from .. import compat, draft_vocab
 from ..shape_select import check_candidates
 from ..tree.dynamic import TreeShape
+from .datastore import find_datastore
+from .registry import HUB_HOOKS
 from .session import DraftingSession, check_ngram_branches
 
 
@@ -398,11 +400,10 @@ class SpecDrafterModel(PreTrainedModel):
         """
         raise NotImplementedError
 
-    # hf-spec:hub-begin -- Hub integration (hf_spec.hub). These lines are left out of the
-    # remote code generated at save time: trust_remote_code users get transformers' own
-    # save_pretrained/push_to_hub (see hf_spec/hub/remote_code.py).
+    # -- Hub: hooks that hf_spec.hub fills (registry.HUB_HOOKS); without them, transformers' own behaviour --------
     def save_pretrained(self, save_directory, *args, bench_results=None, training_info=None, **kwargs):
-        """transformers' ``save_pretrained``, then the remote code, ``auto_map`` and README.md card.
+        """transformers' ``save_pretrained``, the n-gram datastore, then (with :mod:`hf_spec.hub`) the remote code,
+        ``auto_map`` and README.md card.
 
         Args:
             bench_results: path to, or dict of, a benchmark JSON (``hf_spec.hub.cards`` schema) whose
@@ -410,28 +411,31 @@ class SpecDrafterModel(PreTrainedModel):
             training_info: dict of training metadata for the card (datasets, command, epochs…).
         """
         super().save_pretrained(save_directory, *args, **kwargs)
-        from ..hub import after_save_pretrained
-
-        if self.ngram_datastore is not None and kwargs.get("is_main_process", True):
+        is_main_process = kwargs.get("is_main_process", True)
+        if self.ngram_datastore is not None and is_main_process:
             self.ngram_datastore.save(save_directory)
-
-        after_save_pretrained(self, save_directory, bench_results=bench_results, training_info=training_info,
-                              is_main_process=kwargs.get("is_main_process", True))  # fmt: skip
+        if "save" in HUB_HOOKS:
+            HUB_HOOKS["save"](self, save_directory, bench_results=bench_results, training_info=training_info,
+                              is_main_process=is_main_process)  # fmt: skip
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """transformers' ``from_pretrained``, plus the checkpoint's ``ngram_datastore.safetensors`` when it has one."""
-        from .datastore import find_datastore
-
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, target=None, target_config=None, **kwargs):
+        """transformers' ``from_pretrained`` plus the checkpoint's ``ngram_datastore.safetensors`` when it has one;
+        checkpoints of other formats that convert to this family (EAGLE-1/2/HASS to :class:`~hf_spec.EagleDrafter`,
+        EAGLE-3 and speculators ``eagle3`` to :class:`~hf_spec.Eagle3Drafter`: :mod:`hf_spec.hub.convert`, which
+        needs ``target`` or ``target_config``) are converted. With ``target`` the drafter comes back bound to it."""
+        if "convert" in HUB_HOOKS:
+            converted = HUB_HOOKS["convert"](cls, pretrained_model_name_or_path, target, target_config, kwargs)
+            if converted is not None:
+                return converted
         model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         model.ngram_datastore = find_datastore(pretrained_model_name_or_path, **kwargs)
-        return model
+        return model.bind(target) if target is not None else model
 
-    def push_to_hub(self, repo_id: str, *, bench_results=None, training_info=None, **kwargs) -> str:
+    def push_to_hub(self, repo_id: str, *args, **kwargs) -> str:
         """Save (weights, config, remote code, card) and upload through huggingface_hub; see
-        :func:`hf_spec.hub.push_drafter_to_hub` (transformers' own version replaces README.md)."""
-        from ..hub import push_drafter_to_hub
-
-        return push_drafter_to_hub(self, repo_id, bench_results=bench_results, training_info=training_info, **kwargs)
-
-    # hf-spec:hub-end
+        :func:`hf_spec.hub.push_drafter_to_hub` (transformers' own version replaces README.md). Options:
+        ``bench_results``, ``training_info`` (as :meth:`save_pretrained`), ``commit_message``, ``private``…"""
+        if "push" in HUB_HOOKS:
+            return HUB_HOOKS["push"](self, repo_id, *args, **kwargs)
+        return super().push_to_hub(repo_id, *args, **kwargs)

@@ -122,19 +122,6 @@ class EagleDrafter(SpecDrafterModel):
         self._grouped_head = None
         self.post_init()
 
-    # hf-spec:hub-begin -- EAGLE/HASS conversion needs hf_spec itself; left out of the remote code.
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, target=None, target_config=None, **kwargs):
-        """transformers' ``from_pretrained`` for hf-spec checkpoints; EAGLE-1/2 and HASS checkpoints (local
-        directory or Hub repo) are converted (:func:`hf_spec.hub.convert.convert_eagle`, which needs
-        ``target`` or ``target_config``). With ``target`` the drafter comes back bound to it."""
-        from ..hub.convert import family_from_pretrained
-
-        return family_from_pretrained(super(), cls, pretrained_model_name_or_path, model_args, target, target_config,
-                                      kwargs)  # fmt: skip
-
-    # hf-spec:hub-end
-
     def _build_router(self, num_groups: int) -> None:
         hidden = self.config.target_hidden_size
         act = self.config.layer_config.get("hidden_act", "silu")

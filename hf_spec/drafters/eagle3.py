@@ -139,19 +139,6 @@ class Eagle3Drafter(SpecDrafterModel):
         self.router = None  # the drafting session's CORAL switch: none here
         self.post_init()
 
-    # hf-spec:hub-begin -- EAGLE-3/speculators conversion needs hf_spec itself; left out of the remote code.
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, target=None, target_config=None, **kwargs):
-        """transformers' ``from_pretrained`` for hf-spec checkpoints; EAGLE-3 and speculators ``eagle3``
-        checkpoints are converted (:func:`hf_spec.hub.convert.convert_eagle3`, which needs ``target`` or
-        ``target_config``). With ``target`` the drafter comes back bound to it."""
-        from ..hub.convert import family_from_pretrained
-
-        return family_from_pretrained(super(), cls, pretrained_model_name_or_path, model_args, target, target_config,
-                                      kwargs)  # fmt: skip
-
-    # hf-spec:hub-end
-
     def target_feature_layers(self) -> tuple[int, ...]:
         return tuple(self.config.eagle_aux_hidden_state_layer_ids)
 

@@ -56,12 +56,6 @@ from ..tree.tree import DraftTree
 from .base import SpecDrafterConfig, SpecDrafterModel
 from .session import DraftingSession, check_ngram_branches
 
-# hf-spec:hub-begin -- this machine's measured verification costs size the trees (NGramDrafter.node_costs); a
-# remote-code drafter never drafts, so its copy leaves them out.
-from .. import verify_cost
-
-# hf-spec:hub-end
-
 
 class NGramIndex:
     """Incremental hashed n-gram index of a growing token list.
@@ -904,26 +898,13 @@ class NGramDrafter(SpecDrafterModel):
         shape = super().tree_shape(depth, top_k, total_tokens)
         return NGramTreeShape(depth=shape.depth, top_k=shape.top_k, total_tokens=shape.total_tokens)
 
-    # hf-spec:hub-begin -- sizing by this machine's measured costs (hf_spec.verify_cost) needs hf_spec itself; a
-    # remote-code drafter never drafts (generate() asks for hf-spec), so these lines are left out of it.
     def new_drafting_session(self, target, shape: TreeShape, do_sample: bool, temperature: float = 1.0, prompt_ids=None):
+        """The n-gram session of one sequence; with ``config.node_cost`` None it sizes its trees by the relative
+        costs :data:`FALLBACK_NODE_COST` until the loop hands it the target's measured verification costs
+        (:meth:`NGramDraftingSession.use_verify_costs`)."""
         if prompt_ids is None:
             raise ValueError("NGramDrafter drafts from tokens and needs the prompt (prompt_ids).")
-        session = NGramDraftingSession(self.config, shape, prompt_ids, datastore=self.ngram_datastore)
-        session.node_cost = self.node_costs(target, max(shape.total_tokens, self.config.copy_nodes))
-        return session
-
-    def node_costs(self, target, max_nodes: int) -> float | list[float]:
-        """What :func:`scored_trie` sizes this drafter's trees by on ``target``: ``config.node_cost`` when set,
-        else :func:`relative_node_costs` of this machine's measured curve (:data:`FALLBACK_NODE_COST` without a
-        target)."""
-        if self.config.node_cost is not None:
-            return self.config.node_cost
-        if target is None:
-            return FALLBACK_NODE_COST
-        return relative_node_costs(verify_cost.verify_cost_curve(target), max_nodes)
-
-    # hf-spec:hub-end
+        return NGramDraftingSession(self.config, shape, prompt_ids, datastore=self.ngram_datastore)
 
 
 class NGramDraftingSession(DraftingSession):
@@ -940,10 +921,17 @@ class NGramDraftingSession(DraftingSession):
         self.max_occurrences = config.max_occurrences
         self.copy_nodes = config.copy_nodes
         self.copy_depth = max(shape.depth, config.copy_depth or config.copy_nodes)
-        self.node_cost = FALLBACK_NODE_COST if config.node_cost is None else config.node_cost  # NGramDrafter sets it
+        self.node_cost = FALLBACK_NODE_COST if config.node_cost is None else config.node_cost
+        self.wants_verify_costs = config.node_cost is None
+        self.max_nodes = max(shape.total_tokens, config.copy_nodes)  # the largest trie it drafts
         self.index = NGramIndex(config.min_match, config.max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
         self.forward_seconds = 0.0
+
+    def use_verify_costs(self, verify_ms: dict[int, float]) -> None:
+        """Size the tries by this machine's measured verification costs of the target (``verify_ms``: tree size ->
+        milliseconds, :func:`hf_spec.verify_cost.verify_cost_curve`): :func:`relative_node_costs`."""
+        self.node_cost = relative_node_costs(verify_ms, self.max_nodes)
 
     def propose(self, features: torch.Tensor | None, next_tokens: torch.Tensor) -> DraftTree:
         """Index ``next_tokens`` and draft the trie of continuations under ``next_tokens[-1]``."""
