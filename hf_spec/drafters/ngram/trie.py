@@ -49,12 +49,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import timing
-from ..shape_select import interpolate_cost
-from ..tree.dynamic import TreeShape
-from ..tree.tree import DraftTree
-from .base import SpecDrafterConfig, SpecDrafterModel
-from .session import DraftingSession, check_ngram_branches
+from ... import timing
+from ...shape_select import interpolate_cost
+from ...tree.dynamic import TreeShape
+from ...tree.tree import DraftTree
+from ..base import SpecDrafterConfig, SpecDrafterModel
+from ..session import DraftingSession, check_ngram_branches
 
 
 class NGramIndex:
@@ -880,7 +880,7 @@ class NGramDrafter(SpecDrafterModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, **kwargs):
         """The drafter saved by :meth:`save_pretrained` (local directory or Hub repo): its config and datastore."""
-        from .datastore import find_datastore
+        from ..datastore import find_datastore
 
         if not isinstance(config, NGramDrafterConfig):
             hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only", "force_download")
