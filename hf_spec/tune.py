@@ -192,7 +192,7 @@ class AcceptanceData:
 
 
 def _dynamic_session(drafter, model, shape: TreeShape, prompt_ids):
-    from .drafters.eagle import EagleDraftingSession
+    from .drafters.eagle.session import EagleDraftingSession
     from .decoding import new_session
 
     session = new_session(drafter, model, shape, False, 1.0, prompt_ids, None, ngram_branches=0)  # the drafter's own trees

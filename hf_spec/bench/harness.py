@@ -143,7 +143,7 @@ NGRAM_OPTIONS = {"depth": "max_depth", "tokens": "num_draft_tokens", "branches":
 def _ngram_drafter(spec: str, name: str):
     """An :class:`hf_spec.NGramDrafter` from ``ngram[:key=value]...``."""
     from ..drafters.datastore import DATASTORE_FILE, NGramDatastore
-    from ..drafters.ngram import NGramDrafter
+    from ..drafters.ngram.model import NGramDrafter
 
     options, datastore = {}, None
     for option in spec.split(":")[1:]:

@@ -24,7 +24,9 @@ import torch
 
 from .. import timing, verify_cost
 from ..tree.tree import DraftTree
-from .ngram import DEFAULT_DRAFT_DEPTH, DEFAULT_DRAFT_NODES, CycleGate, NGramBranches
+from .ngram.branches import NGramBranches
+from .ngram.gate import CycleGate
+from .ngram.trie import DEFAULT_DRAFT_DEPTH, DEFAULT_DRAFT_NODES
 from .session import DraftingSession
 
 _GATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
