@@ -56,7 +56,7 @@ def test_shipped_drafter_is_lossless_and_accepted_on_smollm2(smollm2):
         expected = plain_generate(model, ids, max_new_tokens=48, do_sample=False)
         out = model.generate(ids, assistant_model=drafter, max_new_tokens=48, do_sample=False)
         assert torch.equal(out, expected)  # as shipped: n-gram branches, the cost gate
-        out = model.generate(ids, assistant_model=drafter, max_new_tokens=48, do_sample=False, ngram_branches=0)
+        out = model.generate(ids, assistant_model=drafter, max_new_tokens=48, do_sample=False, ngram_nodes=0)
         assert torch.equal(out, expected)
         taus.append(drafter.last_generation_stats.tau)  # the drafter's own trees
     assert sum(taus) / len(taus) > 1.2, taus  # an untrained drafter gets ~1.0 here
@@ -75,7 +75,7 @@ def test_every_shipped_drafter_loads_with_automodel_and_is_lossless(smollm2, nam
     expected = plain_generate(model, ids, max_new_tokens=32, do_sample=False)
     out = model.generate(ids, assistant_model=drafter, max_new_tokens=32, do_sample=False)
     assert torch.equal(out, expected)  # as shipped: n-gram branches, the cost gate
-    out = model.generate(ids, assistant_model=drafter, max_new_tokens=32, do_sample=False, ngram_branches=0)
+    out = model.generate(ids, assistant_model=drafter, max_new_tokens=32, do_sample=False, ngram_nodes=0)
     assert torch.equal(out, expected)
     assert drafter.last_generation_stats.tau > 1.1  # its own drafts are accepted: the weights are trained ones
 

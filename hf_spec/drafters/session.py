@@ -15,7 +15,7 @@ import torch
 from ..tree.tree import DraftTree
 
 
-def check_ngram_branches(value, name: str = "ngram_branches") -> int:
+def check_node_count(value, name: str = "ngram_nodes") -> int:
     """``value`` if it is a valid n-gram node count (an integer >= 0), else a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0 (0: off), got {value!r}.")

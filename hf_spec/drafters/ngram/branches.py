@@ -16,7 +16,7 @@ from .trie import (DEFAULT_DRAFT_BRANCHES, TrieNodes, copy_budget, graft_trie, r
 
 
 class NGramBranches:
-    """Context n-gram branches for a trained drafter's trees (the ``ngram_branches`` option).
+    """Context n-gram branches for a trained drafter's trees (the ``ngram_nodes`` option).
 
     Keeps the :class:`NGramIndex` of prompt + committed tokens (:meth:`extend`, fed the same
     committed tokens as the drafter) and grafts continuation tries into each tree

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...tree.dynamic import TreeShape
 from ..base import SpecDrafterConfig
-from ..session import check_ngram_branches
+from ..session import check_node_count
 from .trie import DEFAULT_DRAFT_BRANCHES, DEFAULT_DRAFT_DEPTH, DEFAULT_DRAFT_NODES
 
 
@@ -52,7 +52,7 @@ class NGramDrafterConfig(SpecDrafterConfig):
         self.max_match = max_match
         self.min_match = min_match
         self.max_occurrences = max_occurrences
-        self.copy_nodes = check_ngram_branches(copy_nodes, "copy_nodes")
+        self.copy_nodes = check_node_count(copy_nodes, "copy_nodes")
         if copy_depth is not None and (not isinstance(copy_depth, int) or copy_depth < 1):
             raise ValueError(f"copy_depth must be a positive integer or None (max(copy_nodes, max_depth)), got {copy_depth!r}.")
         self.copy_depth = copy_depth
