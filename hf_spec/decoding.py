@@ -54,11 +54,11 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from . import compat, timing
+from . import compat, timing, verify_cost
 from .cache import crop_to, gather_positions, keep_accepted, select_rows
 from .controller import SpeedController
 from .drafters.hybrid import with_ngram_branches
-from .drafters.session import DraftingSession, check_ngram_branches
+from .drafters.session import DraftingSession, check_node_count
 from .static_cache import static_layout, wants_static_cache
 from .stats import BatchGenerationStats, GenerationStats
 from .tree.tree import DraftTree
@@ -69,12 +69,14 @@ HOLE_SLACK = 32
 
 
 def new_session(drafter, model, shape, do_sample: bool, temperature: float, prompt_ids, use_router: bool | None,
-                ngram_branches: int | None = None) -> DraftingSession:  # fmt: skip
+                ngram_nodes: int | None = None) -> DraftingSession:  # fmt: skip
     """The drafter's drafting session for one sequence; ``use_router`` (None: the drafter's
-    config) switches a CORAL LM-head router on or off for this call; ``ngram_branches`` (None:
+    config) switches a CORAL LM-head router on or off for this call; ``ngram_nodes`` (None:
     the drafter's config) sets how many context n-gram nodes are grafted into each of a trained
     drafter's trees (:mod:`hf_spec.drafters.hybrid`, whatever the family)."""
     session = drafter.new_drafting_session(model, shape, do_sample, temperature, prompt_ids=prompt_ids)
+    if session.wants_verify_costs and model is not None:  # an n-gram session sized by this machine's costs
+        session.use_verify_costs(verify_cost.verify_cost_curve(model))
     if use_router is not None:
         if use_router and not session.supports_router:
             raise ValueError(
@@ -83,28 +85,28 @@ def new_session(drafter, model, shape, do_sample: bool, temperature: float, prom
             )
         if session.supports_router:
             session.use_router = bool(use_router)
-    if ngram_branches is not None:
-        check_ngram_branches(ngram_branches)
-        if ngram_branches and not drafter.supports_ngram_branches:
+    if ngram_nodes is not None:
+        check_node_count(ngram_nodes)
+        if ngram_nodes and not drafter.supports_ngram_branches:
             raise ValueError(
-                f"ngram_branches={ngram_branches} grafts n-gram branches into a trained drafter's trees, not into "
-                f"{type(drafter).__name__}'s. Fix: drop ngram_branches (for n-gram trees alone, use "
+                f"ngram_nodes={ngram_nodes} grafts n-gram branches into a trained drafter's trees, not into "
+                f"{type(drafter).__name__}'s. Fix: drop ngram_nodes (for n-gram trees alone, use "
                 "hf_spec.NGramDrafter)."
             )
     elif drafter.supports_ngram_branches:
-        ngram_branches = drafter.config.ngram_branches
-    return with_ngram_branches(session, drafter, model, shape, do_sample, prompt_ids, ngram_branches or 0)
+        ngram_nodes = drafter.config.ngram_nodes
+    return with_ngram_branches(session, drafter, model, shape, do_sample, prompt_ids, ngram_nodes or 0)
 
 
 @dataclass(frozen=True)
 class Arm:
     """One way to run a cycle, an arm of the speed controller (:mod:`hf_spec.controller`): ``shape`` None drafts
     nothing (plain: the tree is its root, one target step); else the drafter's tree shape and n-gram budget
-    (``ngram_branches``; None: the drafter's config)."""
+    (``ngram_nodes``; None: the drafter's config)."""
 
     label: str
     shape: object | None = None
-    ngram_branches: int | None = None
+    ngram_nodes: int | None = None
 
 
 PLAIN = Arm("plain")
@@ -568,7 +570,7 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
         row_prompt = input_ids[r : r + 1, start:]
         def make_session(arm: Arm, row_prompt=row_prompt) -> DraftingSession:
             return new_session(drafter, model, arm.shape, do_sample, temperature, row_prompt, use_router,
-                               arm.ngram_branches)  # fmt: skip
+                               arm.ngram_nodes)  # fmt: skip
 
         first, scores = call.first_token(r, input_ids[r : r + 1], last_logits[r])
         rows.append(_Row(index=r, drafting=RowDrafting(make_session, drafted_arms), sequence=input_ids[r : r + 1],

@@ -52,7 +52,7 @@ def run_demo(prompts=DEMO_PROMPTS, max_new_tokens: int = 128, dtype: str = "auto
     alike; the speedup is total tokens per second over all prompts, speculative over plain. ``dtype``
     "auto" is bfloat16 on a CPU that computes it natively, else float32 (:mod:`hf_spec.hardware`).
     """
-    from .drafters.eagle import EagleDrafter
+    from .drafters.eagle.model import EagleDrafter
     from .hardware import dtype_name, resolve_dtype
     from .resources import load_packaged_model
 

@@ -24,7 +24,7 @@ from .controller import SpeedController, controller_for
 from .decoding import PLAIN, Arm, check_batch_supported, decode, is_batched
 from .drafters.base import SpecDrafterModel
 from .hardware import warn_if_emulated_bf16
-from .shape_select import candidate_options, check_candidates
+from .shape_select import candidate_options, check_candidates, renamed_options
 from .stats import GenerationStats
 
 __all__ = ["GenerationStats", "check_supported", "install", "is_installed", "speculative_decode", "uninstall"]
@@ -117,6 +117,7 @@ def speculative_decode(
     tree_total_tokens: int | None = None,
     tree_min_prob: float | None = None,
     use_router: bool | None = None,
+    ngram_nodes: int | None = None,
     ngram_branches: int | None = None,
     speed_controller: SpeedController | bool | None = None,
     **model_kwargs,
@@ -140,7 +141,8 @@ def speculative_decode(
     follow_target_placement(drafter, model)
     do_sample = bool(generation_config.do_sample)
     options = dict(tree_depth=tree_depth, tree_top_k=tree_top_k, tree_total_tokens=tree_total_tokens,
-                   tree_min_prob=tree_min_prob, ngram_branches=ngram_branches)  # fmt: skip
+                   tree_min_prob=tree_min_prob, ngram_nodes=ngram_nodes, ngram_branches=ngram_branches)  # fmt: skip
+    options = renamed_options(options, "generate()")  # ngram_branches: the old name of ngram_nodes
     if speed_controller is None:
         speed_controller = SPEED_CONTROL_BY_DEFAULT
     arms, start = call_arms(drafter, options, do_sample, controlled=speed_controller is not False)
@@ -171,7 +173,7 @@ def call_arms(drafter: SpecDrafterModel, options: dict, do_sample: bool, control
     """The arms of one call and the one to start from.
 
     A call that sets any shape option (``options``: ``tree_depth``, ``tree_top_k``, ``tree_total_tokens``,
-    ``tree_min_prob``, ``ngram_branches``), or runs uncontrolled, has one arm: that shape (no controller).
+    ``tree_min_prob``, ``ngram_nodes``), or runs uncontrolled, has one arm: that shape (no controller).
     Else arm 0 is plain (no draft), then the drafter's ``tree_shape_candidates`` ordered by the nodes they
     verify (unless ``auto_tree_shape`` is false; candidates this call's mode cannot use, such as pruned trees
     when sampling, are left out), or its configured shape when it has none; the start is the candidate with the
@@ -180,7 +182,7 @@ def call_arms(drafter: SpecDrafterModel, options: dict, do_sample: bool, control
         shape = drafter.tree_shape(opts.get("tree_depth"), opts.get("tree_top_k"), opts.get("tree_total_tokens"))
         shape = with_min_prob(drafter, shape, opts.get("tree_min_prob"))
         shape.validate(do_sample)
-        return Arm(label, shape, opts.get("ngram_branches"))
+        return Arm(label, shape, opts.get("ngram_nodes"))
 
     if not controlled or any(v is not None for v in options.values()):
         return [arm("fixed", options)], 0
@@ -190,7 +192,7 @@ def call_arms(drafter: SpecDrafterModel, options: dict, do_sample: bool, control
         return [PLAIN, arm("configured", {})], 1
     arms, start, seen = [PLAIN], None, set()
     configured = {name: getattr(config, name, None) for name in ("tree_depth", "tree_top_k", "tree_total_tokens",
-                                                                 "ngram_branches")}  # fmt: skip
+                                                                 "ngram_nodes")}  # fmt: skip
     for candidate in sorted(candidates, key=lambda c: c["verified_nodes"]):
         opts = candidate_options(candidate)
         label = " ".join(f"{k.removeprefix('tree_')}={v}" for k, v in sorted(opts.items())) or "configured"

@@ -4,7 +4,7 @@ The best tree depends on the machine as much as on the drafter: what one verific
 tree tokens costs relative to one decoding step (flat to ``n`` = 32 on a GPU or a CPU with AMX,
 close to ``n`` steps in float32 on a CPU) and what each drafting level costs. So a drafter's config
 may carry **shape candidates** (``tree_shape_candidates``): the ``generate()`` options of a few trees
-(``tree_depth``, ``tree_top_k``, ``tree_total_tokens``, ``tree_min_prob``, ``ngram_branches``; None keeps
+(``tree_depth``, ``tree_top_k``, ``tree_total_tokens``, ``tree_min_prob``, ``ngram_nodes``; None keeps
 the configured value), each with what it achieved on held-aside prompts: ``tau`` (tokens per target
 forward) and ``verified_nodes`` (tree nodes verified per cycle, root included).
 
@@ -21,19 +21,43 @@ two helpers every cost curve ``{tree tokens: cost}`` is read with (:func:`non_de
 
 from __future__ import annotations
 
+import warnings
+
 __all__ = [
     "CANDIDATE_OPTIONS",
     "CANDIDATE_RESULTS",
+    "RENAMED_OPTIONS",
     "candidate_options",
     "check_candidates",
     "interpolate_cost",
     "non_decreasing",
+    "renamed_options",
 ]
 
-CANDIDATE_OPTIONS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_min_prob", "ngram_branches")
+CANDIDATE_OPTIONS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_min_prob", "ngram_nodes")
 """The ``generate()`` options a candidate sets."""
 CANDIDATE_RESULTS = ("tau", "verified_nodes")
 """What a candidate achieved on held-aside prompts (machine-independent; a prior for the controller)."""
+RENAMED_OPTIONS = {"ngram_branches": "ngram_nodes"}
+"""Old option name -> its name now. ``ngram_branches`` counted the n-gram trie *nodes* grafted into each tree, not
+branches. Shipped configs and earlier calls use the old name: it is still read (:func:`renamed_options`), with a
+FutureWarning."""
+
+
+def renamed_options(options: dict, where: str) -> dict:
+    """``options`` with each old name of :data:`RENAMED_OPTIONS` that it sets (not None) under its new name, and a
+    FutureWarning naming ``where``; a ValueError when both names are set to different values."""
+    out = dict(options)
+    for old, new in RENAMED_OPTIONS.items():
+        value = out.pop(old, None)
+        if value is None:
+            continue
+        if out.get(new) is not None and out[new] != value:
+            raise ValueError(f"{where}: {old}={value!r} and {new}={out[new]!r} name one option. Fix: pass {new} only.")
+        warnings.warn(f"{where}: `{old}` is now `{new}` (it counts the n-gram trie nodes grafted into each tree); "
+                      f"the old name will stop working in a future release. Fix: write `{new}`.", FutureWarning, stacklevel=3)
+        out[new] = value
+    return out
 
 
 def check_candidates(candidates) -> list[dict]:
@@ -44,9 +68,11 @@ def check_candidates(candidates) -> list[dict]:
     if not isinstance(candidates, (list, tuple)):
         raise ValueError(f"tree_shape_candidates must be a list of dicts, got {type(candidates).__name__}.")
     allowed = set(CANDIDATE_OPTIONS) | set(CANDIDATE_RESULTS)
+    candidates = list(candidates)
     for i, candidate in enumerate(candidates):
         if not isinstance(candidate, dict):
             raise ValueError(f"tree_shape_candidates[{i}] must be a dict, got {type(candidate).__name__}.")
+        candidate = candidates[i] = renamed_options(candidate, f"tree_shape_candidates[{i}]")
         unknown = set(candidate) - allowed
         missing = [k for k in CANDIDATE_RESULTS if not isinstance(candidate.get(k), (int, float))]
         if unknown or missing:

@@ -131,7 +131,7 @@ class StaticTreeCache:
         size = bucket_size(n)
         if size > MAX_BUCKET:
             raise ValueError(f"A draft tree of {n} nodes exceeds the static layout's largest forward ({MAX_BUCKET}). "
-                             "Fix: lower tree_total_tokens / ngram_branches, or drop cache_implementation='static'.")
+                             "Fix: lower tree_total_tokens / ngram_nodes, or drop cache_implementation='static'.")
         self._check_room(past + size)
         device = self.device
         tokens = torch.zeros(1, size, dtype=tree.tokens.dtype, device=device)

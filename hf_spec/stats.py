@@ -30,7 +30,7 @@ class GenerationStats:
 
     ``accepted_lengths``: drafted tokens accepted in each cycle (each cycle also emits one
     target token); ``accepted_from_ngram``: how many of those were nodes that only n-gram
-    grafting drafted (``ngram_branches``), the rest came from the drafter
+    grafting drafted (``ngram_nodes``), the rest came from the drafter
     (:attr:`accepted_from_drafter`); ``tree_sizes``: nodes verified per cycle (root included), the
     size that sets a verification forward's cost. ``verify_forwards``: target verification forwards (one per
     cycle, whatever the number of rows). Seconds: ``target_forward_seconds`` (prefill +

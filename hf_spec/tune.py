@@ -192,10 +192,10 @@ class AcceptanceData:
 
 
 def _dynamic_session(drafter, model, shape: TreeShape, prompt_ids):
-    from .drafters.eagle import EagleDraftingSession
+    from .drafters.eagle.session import EagleDraftingSession
     from .decoding import new_session
 
-    session = new_session(drafter, model, shape, False, 1.0, prompt_ids, None, ngram_branches=0)  # the drafter's own trees
+    session = new_session(drafter, model, shape, False, 1.0, prompt_ids, None, ngram_nodes=0)  # the drafter's own trees
     if type(session) is not EagleDraftingSession:
         raise ValueError(
             f"hf-spec tune tunes dynamic draft trees (EAGLE / HASS / CORAL drafters); {type(drafter).__name__} drafts "

@@ -24,8 +24,8 @@ from test_s2d import sorted_pair
 SHIPPED = pathlib.Path(__file__).resolve().parents[1] / "drafters"
 CANDIDATES = [  # a ladder of three drafted shapes, two with n-gram branches
     {"tree_depth": 1, "tree_top_k": 2, "tree_total_tokens": 2, "tau": 1.5, "verified_nodes": 3.0},
-    {"tree_depth": 3, "tree_top_k": 2, "tree_total_tokens": 5, "ngram_branches": 3, "tau": 2.0, "verified_nodes": 8.0},
-    {"tree_depth": 4, "tree_top_k": 3, "tree_total_tokens": 9, "ngram_branches": 6, "tau": 2.5, "verified_nodes": 18.0},
+    {"tree_depth": 3, "tree_top_k": 2, "tree_total_tokens": 5, "ngram_nodes": 3, "tau": 2.0, "verified_nodes": 8.0},
+    {"tree_depth": 4, "tree_top_k": 3, "tree_total_tokens": 9, "ngram_nodes": 6, "tau": 2.5, "verified_nodes": 18.0},
     {"tree_depth": 5, "tree_top_k": 4, "tree_total_tokens": 12, "tau": 2.6, "verified_nodes": 20.0},  # greedy only
 ]
 
@@ -152,7 +152,7 @@ def test_fixed_shapes_and_switched_off_controllers_have_one_arm():
     assert [a.label for a in arms][0] == "plain" and len(arms) == 1 + len(CANDIDATES)
     assert arms[start].shape is not None
     assert len(call_arms(drafter, dict.fromkeys(CANDIDATE_OPTIONS), True)[0]) == len(CANDIDATES)  # pruned: greedy only
-    for kwargs in (dict(tree_depth=2), dict(ngram_branches=0), dict(speed_controller=False)):
+    for kwargs in (dict(tree_depth=2), dict(ngram_nodes=0), dict(speed_controller=False)):
         target.generate(prompt, assistant_model=drafter, max_new_tokens=8, do_sample=False, **kwargs)
         stats = drafter.last_generation_stats
         assert stats.controller is None and stats.arm_per_cycle == []

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 import hf_spec
 from conftest import oracle_pair, plain_generate, random_prompt
-from hf_spec.drafters import router as router_module
-from hf_spec.drafters.router import frequency_order, group_mass, group_slices
+from hf_spec.drafters.eagle import router as router_module
+from hf_spec.drafters.eagle.router import frequency_order, group_mass, group_slices
 from hf_spec.training.losses import csra_loss
 from test_sampling import P_VALUE_FLOOR, VOCAB, sampled_law_p_value, tiny_pair
 

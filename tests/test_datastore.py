@@ -1,4 +1,4 @@
-"""N-gram datastore: corpus continuations for n-gram trees (NGramDrafter and ngram_branches), lossless."""
+"""N-gram datastore: corpus continuations for n-gram trees (NGramDrafter and ngram_nodes), lossless."""
 
 import random
 
@@ -86,11 +86,11 @@ def test_hybrid_with_datastore_matches_plain():
     target, prompt, store = corpus_case()
     drafter = hf_spec.EagleDrafter.from_target(target)  # untrained: the corpus branches do the work
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
-    out = target.generate(prompt, assistant_model=drafter, ngram_branches=8, max_new_tokens=40, do_sample=False)
+    out = target.generate(prompt, assistant_model=drafter, ngram_nodes=8, max_new_tokens=40, do_sample=False)
     without = drafter.last_generation_stats.accepted_from_ngram
     assert torch.equal(out, expected)
     drafter.ngram_datastore = store
-    out = target.generate(prompt, assistant_model=drafter, ngram_branches=8, max_new_tokens=40, do_sample=False)
+    out = target.generate(prompt, assistant_model=drafter, ngram_nodes=8, max_new_tokens=40, do_sample=False)
     assert torch.equal(out, expected)
     assert drafter.last_generation_stats.accepted_from_ngram > without
 

@@ -260,8 +260,8 @@ def _outside_count(expected, prompt_length, t2d):
 
 
 def test_coral_router_groups_partition_the_draft_vocabulary(monkeypatch):
-    from hf_spec.drafters import router as router_module
-    from hf_spec.drafters.router import frequency_order, group_slices
+    from hf_spec.drafters.eagle import router as router_module
+    from hf_spec.drafters.eagle.router import frequency_order, group_slices
 
     target, drafter = vocab_pair("qwen2", size=40)
     g = torch.Generator().manual_seed(0)

@@ -93,7 +93,7 @@ def test_save_writes_self_contained_remote_code(tmp_path, family):
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 modules = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
                 assert not any(m.split(".")[0] == "hf_spec" for m in modules), ast.unparse(node)
-        assert remote_code.HUB_BEGIN not in source and "after_save_pretrained" not in source
+        assert "hf-spec:hub-begin" not in source and "after_save_pretrained" not in source
     assert {"README.md", "model.safetensors"} <= {p.name for p in tmp_path.iterdir()}
 
 

@@ -1,4 +1,4 @@
-"""Hybrid draft trees: context n-gram branches grafted into a trained drafter's tree (ngram_branches)."""
+"""Hybrid draft trees: context n-gram branches grafted into a trained drafter's tree (ngram_nodes)."""
 
 import pytest
 import torch
@@ -56,7 +56,7 @@ def test_greedy_matches_plain_and_ngram_nodes_are_accepted(family, monkeypatch):
     prompt = target_text_prompt(target)
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
     trees = capture_trees(monkeypatch)
-    out = target.generate(prompt, assistant_model=drafter, ngram_branches=8, max_new_tokens=40, do_sample=False,
+    out = target.generate(prompt, assistant_model=drafter, ngram_nodes=8, max_new_tokens=40, do_sample=False,
                           **SHAPE)  # fmt: skip
     assert torch.equal(out, expected)
     stats = drafter.last_generation_stats
@@ -76,7 +76,7 @@ def test_trained_drafter_with_ngram_branches_matches_plain(monkeypatch):
     trees = capture_trees(monkeypatch)
     for prompt in (target_text_prompt(target, seed=2), random_prompt(seed=5)):
         expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
-        out = target.generate(prompt, assistant_model=drafter, ngram_branches=6, max_new_tokens=40, do_sample=False)
+        out = target.generate(prompt, assistant_model=drafter, ngram_nodes=6, max_new_tokens=40, do_sample=False)
         assert torch.equal(out, expected)
     for base, grafted in trees:
         check_tree(grafted, base, drafter.config.tree_total_tokens + 6)
@@ -86,7 +86,7 @@ def test_trained_drafter_with_ngram_branches_matches_plain(monkeypatch):
 def test_ngram_branches_reach_below_a_shallow_drafter_tree(monkeypatch):
     """ngram_depth: n-gram nodes may be deeper than the drafter's own tree; still greedy == plain."""
     target = make_target("llama")
-    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=6, ngram_depth=6)
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_nodes=6, ngram_depth=6)
     prompt = target_text_prompt(target)
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
     trees = capture_trees(monkeypatch)
@@ -105,20 +105,45 @@ def test_ngram_branches_reach_below_a_shallow_drafter_tree(monkeypatch):
 
 def test_config_field_is_the_default_and_the_kwarg_overrides_it():
     target = make_target("llama")
-    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=8)
-    assert drafter.config.ngram_branches == 8
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_nodes=8)
+    assert drafter.config.ngram_nodes == 8
     prompt = target_text_prompt(target)
     expected = plain_generate(target, prompt, max_new_tokens=20, do_sample=False)
     assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=20, **SHAPE), expected)
     assert drafter.last_generation_stats.accepted_from_ngram > 0
-    target.generate(prompt, assistant_model=drafter, ngram_branches=0, max_new_tokens=20, **SHAPE)
+    target.generate(prompt, assistant_model=drafter, ngram_nodes=0, max_new_tokens=20, **SHAPE)
     assert drafter.last_generation_stats.accepted_from_ngram == 0
-    with pytest.raises(ValueError, match="ngram_branches must be an integer"):
-        target.generate(prompt, assistant_model=drafter, ngram_branches=-1, max_new_tokens=5)
-    with pytest.raises(ValueError, match="ngram_branches must be an integer"):
-        hf_spec.EagleDrafter.from_target(target, ngram_branches=1.5)
+    with pytest.raises(ValueError, match="ngram_nodes must be an integer"):
+        target.generate(prompt, assistant_model=drafter, ngram_nodes=-1, max_new_tokens=5)
+    with pytest.raises(ValueError, match="ngram_nodes must be an integer"):
+        hf_spec.EagleDrafter.from_target(target, ngram_nodes=1.5)
     with pytest.raises(ValueError, match="trained drafter.s trees, not into NGramDrafter"):
-        target.generate(prompt, assistant_model=hf_spec.NGramDrafter(), ngram_branches=4, max_new_tokens=5)
+        target.generate(prompt, assistant_model=hf_spec.NGramDrafter(), ngram_nodes=4, max_new_tokens=5)
+
+
+def test_ngram_branches_is_the_old_name_of_ngram_nodes(tmp_path):
+    """The option counts grafted trie nodes, so it is ``ngram_nodes``; configs (shipped copies elsewhere, shape
+    candidates) and calls that still say ``ngram_branches`` are read as before, with a FutureWarning."""
+    from hf_spec.shape_select import check_candidates
+
+    target = make_target("llama")
+    with pytest.warns(FutureWarning, match="`ngram_branches` is now `ngram_nodes`"):
+        drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=8)
+    assert drafter.config.ngram_nodes == 8 and "ngram_branches" not in drafter.config.to_dict()
+    with pytest.raises(ValueError, match="Fix: pass ngram_nodes only"):
+        hf_spec.EagleDrafterConfig(ngram_nodes=2, ngram_branches=5)
+    with pytest.warns(FutureWarning, match=r"tree_shape_candidates\[0\]"):
+        (candidate,) = check_candidates([{"tree_depth": 2, "ngram_branches": 3, "tau": 2.0, "verified_nodes": 5.0}])
+    assert candidate == {"tree_depth": 2, "ngram_nodes": 3, "tau": 2.0, "verified_nodes": 5.0}
+    drafter.config.save_pretrained(tmp_path)  # a config written before the rename loads with the old key
+    path = tmp_path / "config.json"
+    path.write_text(path.read_text().replace('"ngram_nodes"', '"ngram_branches"'))
+    with pytest.warns(FutureWarning):
+        assert hf_spec.EagleDrafterConfig.from_pretrained(tmp_path).ngram_nodes == 8
+    prompt = target_text_prompt(target)
+    with pytest.warns(FutureWarning, match="generate"):
+        target.generate(prompt, assistant_model=drafter, ngram_branches=0, max_new_tokens=10, **SHAPE)
+    assert drafter.last_generation_stats.accepted_from_ngram == 0
 
 
 def test_parallel_drafter_with_ngram_branches_matches_plain():
@@ -126,7 +151,7 @@ def test_parallel_drafter_with_ngram_branches_matches_plain():
     drafter = hf_spec.ParallelDrafter.from_target(target)
     prompt = target_text_prompt(target)
     expected = plain_generate(target, prompt, max_new_tokens=30, do_sample=False)
-    out = target.generate(prompt, assistant_model=drafter, ngram_branches=8, max_new_tokens=30, do_sample=False)
+    out = target.generate(prompt, assistant_model=drafter, ngram_nodes=8, max_new_tokens=30, do_sample=False)
     assert torch.equal(out, expected)
     assert drafter.last_generation_stats.accepted_from_ngram > 0
 
@@ -137,7 +162,7 @@ def test_batch_matches_per_row_plain_greedy(family):
     prompts = [target_text_prompt(target, seed=s)[0, 10 + 3 * s :] for s in (1, 2, 3)]
     ids, mask = pad_left(prompts)
     out = target.generate(ids, attention_mask=mask, assistant_model=drafter, do_sample=False, max_new_tokens=30,
-                          ngram_branches=8, **SHAPE)  # fmt: skip
+                          ngram_nodes=8, **SHAPE)  # fmt: skip
     assert torch.equal(out, per_row_expected(target, prompts, do_sample=False, max_new_tokens=30))
     stats = drafter.last_generation_stats
     assert len(stats.rows) == 3 and stats.accepted_from_ngram > 0
@@ -220,7 +245,7 @@ def test_sampled_distribution_equals_target(warp, monkeypatch):
     target, prompt, exact = repetitive_sampling_case(warp)
     drafter = hf_spec.EagleDrafter.from_target(target)
     trees = capture_trees(monkeypatch)
-    counts, from_ngram = sample_counts(target, prompt, drafter, 1234, "accepted_from_ngram", ngram_branches=4,
+    counts, from_ngram = sample_counts(target, prompt, drafter, 1234, "accepted_from_ngram", ngram_nodes=4,
                                        tree_depth=3, tree_top_k=2, tree_total_tokens=4, **warp)  # fmt: skip
     p_value = chi_square_pvalue(counts, exact)
     assert p_value > P_VALUE_FLOOR, p_value
@@ -234,7 +259,7 @@ def test_sampled_distribution_equals_target(warp, monkeypatch):
 def test_sampled_distribution_with_copy_cycles_equals_target(monkeypatch):
     """The copy budget depends on the committed text only, so the sampled law stays the target's."""
     target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
-    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=1, ngram_copy_nodes=4, ngram_depth=3)
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_nodes=1, ngram_copy_nodes=4, ngram_depth=3)
     trees = capture_trees(monkeypatch)
     counts, _ = sample_counts(target, prompt, drafter, 4321, tree_depth=2, tree_top_k=2, tree_total_tokens=2)
     p_value = chi_square_pvalue(counts, exact)
@@ -253,7 +278,7 @@ def test_bench_method_suffix():
     with tempfile.TemporaryDirectory() as path:
         drafter.save_pretrained(path)
         method = parse_method(f"hf_spec:{path}:ngram=6", torch.float32)
-    assert method.generate_kwargs["ngram_branches"] == 6 and method.info["ngram_branches"] == 6
+    assert method.generate_kwargs["ngram_nodes"] == 6 and method.info["ngram_nodes"] == 6
     prompt = target_text_prompt(target)
     model_drafter = method.generate_kwargs["assistant_model"]
     target.generate(prompt, max_new_tokens=10, **method.generate_kwargs)
@@ -263,14 +288,14 @@ def test_bench_method_suffix():
 
 def test_copy_cycles_graft_longer_chains_and_stay_lossless(monkeypatch):
     """ngram_copy_nodes: a cycle whose context repeats the whole max_match suffix grafts up to that many
-    n-gram nodes (a copy), other cycles ngram_branches; greedy output equals plain either way."""
+    n-gram nodes (a copy), other cycles ngram_nodes; greedy output equals plain either way."""
     target = make_target("llama")
     prompt = target_text_prompt(target)
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
     shape = dict(tree_depth=2, tree_top_k=2, tree_total_tokens=2)
     new_nodes = {}
     for copy in (0, 8):
-        drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_depth=8, ngram_copy_nodes=copy)
+        drafter = hf_spec.EagleDrafter.from_target(target, ngram_nodes=2, ngram_depth=8, ngram_copy_nodes=copy)
         trees = capture_trees(monkeypatch)
         assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=40, **shape), expected)
         new_nodes[copy] = [len(grafted) - len(base) for base, grafted in trees]
@@ -390,7 +415,7 @@ def test_ngram_max_match_sets_the_suffix_a_copy_must_repeat(monkeypatch):
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
     made = []
     monkeypatch.setattr(hybrid, "NGramBranches", lambda *a, **kw: made.append(kw) or NGramBranches(*a, **kw))
-    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_copy_nodes=8, ngram_max_match=6)
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_nodes=2, ngram_copy_nodes=8, ngram_max_match=6)
     assert torch.equal(target.generate(prompt, assistant_model=drafter, max_new_tokens=40, tree_depth=2, tree_top_k=2,
                                        tree_total_tokens=2), expected)  # fmt: skip
     assert [kw["max_match"] for kw in made] == [6]
@@ -493,7 +518,7 @@ def test_cycle_gate_carries_its_measurements_over_to_the_next_call_with_the_same
     monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
     target = make_target("llama")
     prompt = target_text_prompt(target)
-    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_depth=8, ngram_cost_gate=True)
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_nodes=2, ngram_depth=8, ngram_cost_gate=True)
     target.generate(prompt, assistant_model=drafter, max_new_tokens=20)
     first = hybrid._GATES[drafter][2]
     assert first._draft_ms.count >= 1 and first._pending is not None  # timed; its last cycle never verified
@@ -528,12 +553,12 @@ def test_cost_gate_stays_lossless_and_skips_the_drafter_on_a_repetitive_text(kin
     forwards = {}
     for gate in (False, True):
         cls = hf_spec.EagleDrafter if kind == "eagle" else hf_spec.ParallelDrafter
-        drafter = cls.from_target(target, ngram_branches=2, ngram_depth=8, ngram_cost_gate=gate)
+        drafter = cls.from_target(target, ngram_nodes=2, ngram_depth=8, ngram_cost_gate=gate)
         forwards[gate], _ = copy_cycle_run(monkeypatch, target, prompt, expected, drafter)
         assert drafter.last_generation_stats.drafter_skipped_cycles > 0 if gate else True
     assert forwards[True] < forwards[False]
     # a call that turns the n-gram branches off drafts every cycle, gate or not
-    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, ngram_branches=0)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, ngram_nodes=0)
     assert torch.equal(out, expected) and drafter.last_generation_stats.drafter_skipped_cycles == 0
 
 
@@ -546,7 +571,7 @@ def test_cost_gate_copy_cycles_stay_lossless_and_are_counted(monkeypatch):
     target = make_target("llama")
     prompt = target_text_prompt(target)  # the tiny target loops: its text copies the prompt
     expected = plain_generate(target, prompt, max_new_tokens=60, do_sample=False)
-    drafter = hf_spec.EagleDrafter.from_target(target, ngram_branches=2, ngram_depth=24, ngram_copy_nodes=24,
+    drafter = hf_spec.EagleDrafter.from_target(target, ngram_nodes=2, ngram_depth=24, ngram_copy_nodes=24,
                                                ngram_cost_gate=True)  # fmt: skip
     for _ in range(2):  # the second call counts its own copies afresh
         out = target.generate(prompt, assistant_model=drafter, max_new_tokens=60, tree_depth=2, tree_top_k=2,
@@ -566,7 +591,7 @@ def test_sampled_distribution_with_the_cost_gate_equals_target(kind, monkeypatch
     monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
     target, prompt, exact = repetitive_sampling_case(dict(temperature=1.0))
     cls = hf_spec.EagleDrafter if kind == "eagle" else hf_spec.ParallelDrafter
-    drafter = cls.from_target(target, ngram_branches=1, ngram_depth=3, ngram_cost_gate=True)
+    drafter = cls.from_target(target, ngram_nodes=1, ngram_depth=3, ngram_cost_gate=True)
     calls = count_drafter_forwards(monkeypatch)
     counts, num_cycles = sample_counts(target, prompt, drafter, 2470, "cycles", tree_depth=2, tree_top_k=2,
                                        tree_total_tokens=2)  # fmt: skip
@@ -594,13 +619,13 @@ def family_pair(name, **target_kwargs):
 @pytest.mark.parametrize("gate", [False, True], ids=["branches", "cost-gate"])
 @pytest.mark.parametrize("name", ["eagle", "eagle3", "parallelspec", "s2d"])
 def test_every_family_grafts_ngram_branches_and_matches_plain(name, gate, monkeypatch):
-    """ngram_branches (and the cost gate) wrap any family's session: greedy output equals plain generate(), and
+    """ngram_nodes (and the cost gate) wrap any family's session: greedy output equals plain generate(), and
     n-gram nodes are accepted on a text that repeats itself."""
     from hf_spec import verify_cost
 
     monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model: {1: 0.5, 64: 0.6})
     target, drafter = family_pair(name)
-    drafter.config.ngram_branches, drafter.config.ngram_cost_gate = 4, gate
+    drafter.config.ngram_nodes, drafter.config.ngram_cost_gate = 4, gate
     drafter.config.ngram_copy_nodes, drafter.config.ngram_depth = 8, 8
     prompt = target_text_prompt(target)
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
@@ -624,7 +649,7 @@ def test_sampled_law_with_ngram_branches_is_exact_for_every_family(name, monkeyp
     prompt = torch.cat([text, seed_prompt], dim=1)  # its own text, then its start again: n-grams to follow
     exact = exact_joint(target, prompt, warpers(temperature=1.0))
     trees = capture_trees(monkeypatch)
-    counts, from_ngram = sample_counts(target, prompt, drafter, 1234, "accepted_from_ngram", ngram_branches=4,
+    counts, from_ngram = sample_counts(target, prompt, drafter, 1234, "accepted_from_ngram", ngram_nodes=4,
                                        tree_depth=3, tree_top_k=2, tree_total_tokens=4, temperature=1.0)  # fmt: skip
     assert chi_square_pvalue(counts, exact) > P_VALUE_FLOOR
     assert rejects_colder_law(counts, target, prompt, dict(temperature=1.0))  # the test can fail

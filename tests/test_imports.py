@@ -210,3 +210,26 @@ def test_benchmark_scripts_import_only_the_top_level_public_api():
     assert scripts
     bad = {str(p.relative_to(BENCHMARKS)): uses for p in scripts if (uses := _non_public_uses(p.read_text(), public))}
     assert not bad, f"benchmarks use hf_spec beyond its public names (export them from hf_spec/__init__.py): {bad}"
+
+
+DRAFTER_FREE_OF = ("hf_spec.hub", "hf_spec.tune", "hf_spec.decoding", "hf_spec.generation", "hf_spec.bench",
+                   "hf_spec.training", "hf_spec.cli", "hf_spec.demo", "hf_spec.verify_cost")  # fmt: skip
+"""What the drafter modules never reach: the Hub code, the loop and everything above it, and this machine's
+measurements (the loop hands them over). Remote code copies a drafter's modules as they are, with no cut."""
+LOOP_SIDE_DRAFTER_MODULES = ("hf_spec.drafters.auto", "hf_spec.drafters.hybrid")
+"""AutoDrafter (it loads through :mod:`hf_spec.hub.convert`) and the n-gram hybrid the loop wraps sessions in
+(sized by :mod:`hf_spec.verify_cost`): drafter-side modules that no family module imports."""
+
+
+def test_drafter_modules_reach_no_hub_loop_or_measuring_code():
+    modules = _modules()
+    graph = _graph(modules)
+    drafter_modules = [m for m in modules if _within(m, ("hf_spec.drafters",)) and not _within(m, LOOP_SIDE_DRAFTER_MODULES)]
+    assert "hf_spec.drafters.base" in drafter_modules
+    for module in drafter_modules:
+        reached, todo = set(), [module]
+        while todo:
+            for other in graph[todo.pop()] - reached:
+                reached.add(other)
+                todo.append(other)
+        assert not [m for m in reached if _within(m, DRAFTER_FREE_OF + LOOP_SIDE_DRAFTER_MODULES)], (module, sorted(reached))

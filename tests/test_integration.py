@@ -66,7 +66,7 @@ def test_shipped_drafter_is_lossless_and_accepted_on_smollm2(prompts):
         expected = plain_greedy(model, ids, 48)
         out = model.generate(ids, assistant_model=drafter, max_new_tokens=48, do_sample=False)
         assert torch.equal(out, expected)  # as shipped: n-gram branches, the cost gate
-        out = model.generate(ids, assistant_model=drafter, max_new_tokens=48, do_sample=False, ngram_branches=0)
+        out = model.generate(ids, assistant_model=drafter, max_new_tokens=48, do_sample=False, ngram_nodes=0)
         assert torch.equal(out, expected)
         taus.append(drafter.last_generation_stats.tau)  # the drafter's own trees
     assert sum(taus) / len(taus) > 1.2, taus  # an untrained drafter gets ~1.0 here
@@ -85,7 +85,7 @@ def test_every_shipped_drafter_loads_with_automodel_and_is_lossless(prompts, nam
     expected = plain_greedy(model, ids, 32)
     out = model.generate(ids, assistant_model=drafter, max_new_tokens=32, do_sample=False)
     assert torch.equal(out, expected)  # as shipped: n-gram branches, the cost gate
-    out = model.generate(ids, assistant_model=drafter, max_new_tokens=32, do_sample=False, ngram_branches=0)
+    out = model.generate(ids, assistant_model=drafter, max_new_tokens=32, do_sample=False, ngram_nodes=0)
     assert torch.equal(out, expected)
     assert drafter.last_generation_stats.tau > 1.1  # its own drafts are accepted: the weights are trained ones
 

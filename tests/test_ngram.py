@@ -237,7 +237,8 @@ def test_default_sizes_trees_by_this_machines_measured_verification_costs(monkey
     """node_cost None: the cut weighs acceptance against the target's measured curve (verify_cost.verify_cost_curve),
     so a flat curve (a GPU, AMX) drafts the whole tree and a steep one drafts nothing on a weak match."""
     from hf_spec import verify_cost
-    from hf_spec.drafters.ngram import relative_node_costs
+    from hf_spec.decoding import new_session
+    from hf_spec.drafters.ngram import FALLBACK_NODE_COST, relative_node_costs
 
     context = torch.tensor([[4, 8, 2, 9, 8]])
     target = make_target("llama")
@@ -246,14 +247,15 @@ def test_default_sizes_trees_by_this_machines_measured_verification_costs(monkey
     sizes = {}
     for name, curve in {"flat": {1: 10.0, 64: 10.0}, "steep": {1: 10.0, 2: 20.0, 64: 640.0}}.items():
         monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model, curve=curve: curve)
-        session = drafter.new_drafting_session(target, drafter.tree_shape(), False, prompt_ids=context)
+        session = new_session(drafter, target, drafter.tree_shape(), False, 1.0, context, None)  # the loop's
         sizes[name] = len(session.propose(None, context[0, 1:])) - 1
     assert sizes == {"flat": 3, "steep": 0}
     # a straight-line curve prices each node as the same number would: t(n + 1) / t(1) - 1 = c * n
     assert relative_node_costs({1: 40.0, 17: 56.0}, 16, margin=1.0) == pytest.approx([1 + 0.025 * n for n in range(17)])
     # a fixed number wins over the machine; no target (replays): the fallback number
-    assert hf_spec.NGramDrafter(node_cost=0.5).node_costs(target, 16) == 0.5
-    assert drafter.node_costs(None, 16) == hf_spec.drafters.ngram.FALLBACK_NODE_COST
+    fixed = hf_spec.NGramDrafter(node_cost=0.5)
+    assert new_session(fixed, target, fixed.tree_shape(), False, 1.0, context, None).node_cost == 0.5
+    assert new_session(drafter, None, drafter.tree_shape(), False, 1.0, context, None).node_cost == FALLBACK_NODE_COST
 
 
 def test_verify_cost_curve_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):

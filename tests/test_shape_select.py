@@ -10,8 +10,8 @@ from hf_spec.tree.dynamic import TreeShape
 from hf_spec.tune import measure_candidates, write_shape_candidates, write_tree_shape
 from tests.conftest import oracle_pair, random_prompt
 
-SMALL = dict(tree_depth=2, tree_top_k=2, tree_total_tokens=2, ngram_branches=None, tau=1.8, verified_nodes=3.0)
-WIDE = dict(tree_depth=5, tree_top_k=4, tree_total_tokens=24, ngram_branches=None, tau=3.0, verified_nodes=25.0)
+SMALL = dict(tree_depth=2, tree_top_k=2, tree_total_tokens=2, ngram_nodes=None, tau=1.8, verified_nodes=3.0)
+WIDE = dict(tree_depth=5, tree_top_k=4, tree_total_tokens=24, ngram_nodes=None, tau=3.0, verified_nodes=25.0)
 
 
 @pytest.mark.parametrize(

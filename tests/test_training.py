@@ -325,7 +325,7 @@ def test_router_stage_trains_only_the_router_toward_the_group_mass(feature_cache
                        router_num_groups=4, learning_rate=1e-2)  # fmt: skip
     drafter = trainer.model
     drafter.requires_grad_(False)
-    drafter.add_router(hf_spec.drafters.router.frequency_order(counts), num_groups=4, top_n=2).requires_grad_(True)
+    drafter.add_router(hf_spec.drafters.eagle.router.frequency_order(counts), num_groups=4, top_n=2).requires_grad_(True)
     frozen = {k: v.clone() for k, v in drafter.state_dict().items() if not k.startswith("router")}
     batch = next(iter(trainer.get_train_dataloader()))
     with torch.no_grad():
@@ -339,7 +339,7 @@ def test_router_stage_trains_only_the_router_toward_the_group_mass(feature_cache
                                                  batch["attention_mask"])  # fmt: skip
     with torch.no_grad():
         probs = torch.softmax(drafter.lm_logits(feats_target[mask.bool()]).float(), dim=-1)
-    mass = hf_spec.drafters.router.group_mass(probs, drafter.router_token_order, 4)
+    mass = hf_spec.drafters.eagle.router.group_mass(probs, drafter.router_token_order, 4)
     floor = -(mass * mass.clamp_min(1e-12).log()).sum(-1).mean().item()
     assert after - floor < 0.9 * (before - floor), (before, after, floor)
     assert all(torch.equal(v, drafter.state_dict()[k]) for k, v in frozen.items())

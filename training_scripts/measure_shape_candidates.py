@@ -22,23 +22,23 @@ from hf_spec.resources import load_model
 from hf_spec.tune import measure_candidates, write_shape_candidates
 
 EAGLE_FAMILY = [  # from the cheapest (a CPU in float32) to a nearly flat verification cost (a GPU)
-    dict(tree_depth=1, tree_top_k=4, tree_total_tokens=2, ngram_branches=3),
-    dict(tree_depth=2, tree_top_k=4, tree_total_tokens=3, ngram_branches=3),
-    dict(tree_depth=2, tree_top_k=4, tree_total_tokens=3, ngram_branches=8),
-    dict(tree_depth=2, tree_top_k=4, tree_total_tokens=4, ngram_branches=8),
-    dict(tree_depth=2, tree_top_k=4, tree_total_tokens=4, ngram_branches=16),
-    dict(tree_depth=3, tree_top_k=4, tree_total_tokens=6, ngram_branches=8),
-    dict(tree_depth=4, tree_top_k=6, tree_total_tokens=12, ngram_branches=8),
-    dict(tree_depth=6, tree_top_k=8, tree_total_tokens=32, ngram_branches=12),
+    dict(tree_depth=1, tree_top_k=4, tree_total_tokens=2, ngram_nodes=3),
+    dict(tree_depth=2, tree_top_k=4, tree_total_tokens=3, ngram_nodes=3),
+    dict(tree_depth=2, tree_top_k=4, tree_total_tokens=3, ngram_nodes=8),
+    dict(tree_depth=2, tree_top_k=4, tree_total_tokens=4, ngram_nodes=8),
+    dict(tree_depth=2, tree_top_k=4, tree_total_tokens=4, ngram_nodes=16),
+    dict(tree_depth=3, tree_top_k=4, tree_total_tokens=6, ngram_nodes=8),
+    dict(tree_depth=4, tree_top_k=6, tree_total_tokens=12, ngram_nodes=8),
+    dict(tree_depth=6, tree_top_k=8, tree_total_tokens=32, ngram_nodes=12),
 ]
 PARALLEL = [  # None: the folder's configured widths
-    dict(tree_depth=1, tree_top_k=2, tree_total_tokens=2, ngram_branches=3),
-    dict(tree_depth=1, tree_top_k=2, tree_total_tokens=2, ngram_branches=8),
-    dict(tree_depth=None, tree_top_k=None, tree_total_tokens=3, ngram_branches=3),
-    dict(tree_depth=None, tree_top_k=None, tree_total_tokens=3, ngram_branches=8),
-    dict(tree_depth=None, tree_top_k=None, tree_total_tokens=3, ngram_branches=16),
-    dict(tree_depth=3, tree_top_k=3, tree_total_tokens=8, ngram_branches=8),
-    dict(tree_depth=5, tree_top_k=4, tree_total_tokens=24, ngram_branches=12),
+    dict(tree_depth=1, tree_top_k=2, tree_total_tokens=2, ngram_nodes=3),
+    dict(tree_depth=1, tree_top_k=2, tree_total_tokens=2, ngram_nodes=8),
+    dict(tree_depth=None, tree_top_k=None, tree_total_tokens=3, ngram_nodes=3),
+    dict(tree_depth=None, tree_top_k=None, tree_total_tokens=3, ngram_nodes=8),
+    dict(tree_depth=None, tree_top_k=None, tree_total_tokens=3, ngram_nodes=16),
+    dict(tree_depth=3, tree_top_k=3, tree_total_tokens=8, ngram_nodes=8),
+    dict(tree_depth=5, tree_top_k=4, tree_total_tokens=24, ngram_nodes=12),
 ]
 
 

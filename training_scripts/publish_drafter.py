@@ -20,7 +20,7 @@ import os
 import torch
 from transformers import AutoModel
 
-TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_widths", "ngram_branches", "ngram_depth",
+TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_widths", "ngram_nodes", "ngram_depth",
                 "ngram_copy_nodes", "ngram_cost_gate", "tree_shape_candidates", "auto_tree_shape",
                 "tree_shape_candidates_measured", "tree_tuned_for")
 TRAINING_INFO = "training_info.json"
@@ -58,7 +58,7 @@ def main(argv=None):
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tree-widths", type=int, nargs="+", default=None, help="static tree widths per depth "
                         "(ParallelSpec), recorded as the chosen shape")
-    parser.add_argument("--ngram-branches", type=int, default=None, help="default n-gram nodes grafted onto the "
+    parser.add_argument("--ngram-nodes", type=int, default=None, help="default n-gram nodes grafted onto the "
                         "drafter's trees (set where the benchmark measured it faster)")
     parser.add_argument("--ngram-depth", type=int, default=None, help="deepest grafted n-gram node (default: the "
                         "drafter tree's depth)")
@@ -91,8 +91,8 @@ def main(argv=None):
             setattr(drafter.config, key, value)
             setattr(drafter.generation_config, key, value)
         drafter.config.tree_tuned_for = {"chosen_by": "publish_drafter.py --tree-widths (see drafters/README.md)"}
-    if args.ngram_branches is not None:
-        drafter.config.ngram_branches = args.ngram_branches
+    if args.ngram_nodes is not None:
+        drafter.config.ngram_nodes = args.ngram_nodes
     if args.ngram_depth is not None:
         drafter.config.ngram_depth = args.ngram_depth
     if args.ngram_datastore:

@@ -88,8 +88,8 @@ class OracleDrafter(hf_spec.SpecDrafterModel):
 def random_drafter(target) -> hf_spec.EagleDrafter:
     """The HASS folder's drafter with re-drawn weights and n-gram branches off (acceptance ~0)."""
     config = hf_spec.EagleDrafterConfig.from_pretrained(REPO / "drafters" / "smollm2-135m-instruct-hass")
-    config.ngram_branches, config.ngram_cost_gate = 0, False
-    config.tree_shape_candidates = [{**c, "ngram_branches": 0} for c in config.tree_shape_candidates]
+    config.ngram_nodes, config.ngram_cost_gate = 0, False
+    config.tree_shape_candidates = [{**c, "ngram_nodes": 0} for c in config.tree_shape_candidates]
     torch.manual_seed(0)
     return hf_spec.EagleDrafter(config).to(target.dtype).eval().bind(target)
 

@@ -12,7 +12,7 @@ Methods (strings, as on the command line):
   (``use_router=False``); ``hf_spec:<path>:exit=N`` runs a sorted (S2D) drafter as the fixed
   sub-model of its first N layers (N one of its exits) instead of adaptive early exit;
   ``hf_spec:<path>:ngram=N`` grafts up to N context n-gram nodes into each of a feature
-  drafter's trees (``ngram_branches=N``; the stats then count ``accepted_from_ngram``);
+  drafter's trees (``ngram_nodes=N``; the stats then count ``accepted_from_ngram``);
   ``:no_datastore`` drops the drafter's n-gram datastore (corpus continuations) for the run;
   ``:fixed_shape`` drafts the configured tree every cycle (``speed_controller=False``) instead of
   letting the online controller choose among plain steps and the shape candidates
@@ -143,7 +143,7 @@ NGRAM_OPTIONS = {"depth": "max_depth", "tokens": "num_draft_tokens", "branches":
 def _ngram_drafter(spec: str, name: str):
     """An :class:`hf_spec.NGramDrafter` from ``ngram[:key=value]...``."""
     from ..drafters.datastore import DATASTORE_FILE, NGramDatastore
-    from ..drafters.ngram import NGramDrafter
+    from ..drafters.ngram.model import NGramDrafter
 
     options, datastore = {}, None
     for option in spec.split(":")[1:]:
@@ -222,10 +222,10 @@ def _hf_spec_method(path: str, dtype: torch.dtype, name: str, tree: dict | None 
         elif key == "min_prob":
             tree["tree_min_prob"] = float(value)
         elif key == "ngram":
-            options["ngram_branches"] = int(value)
+            options["ngram_nodes"] = int(value)
     info = {"drafter": path, **tree, **options, "ngram_datastore": drafter.ngram_datastore is not None,
             "auto_tree_shape": bool(getattr(drafter.config, "tree_shape_candidates", None))
-            and getattr(drafter.config, "auto_tree_shape", None) is not False and not tree and "ngram_branches" not in options}  # fmt: skip
+            and getattr(drafter.config, "auto_tree_shape", None) is not False and not tree and "ngram_nodes" not in options}  # fmt: skip
     if ngram_options is not None:
         info.update(drafter="ngram", **{k: getattr(drafter.config, k) for k in (
             "max_match", "min_match", "num_draft_tokens", "max_depth", "max_branches", "max_occurrences", "node_cost")})  # fmt: skip

@@ -1,4 +1,6 @@
-"""Drafter families: one module per family, each a PretrainedConfig + PreTrainedModel.
+"""Drafter families: one package per family (:mod:`.eagle`, :mod:`.eagle3`, :mod:`.parallelspec`, :mod:`.s2d`,
+:mod:`.ngram`), each with its config (a PretrainedConfig), model (a PreTrainedModel) and drafting session; the
+shared pieces (:mod:`.base`, :mod:`.session`, :mod:`.hybrid`, :mod:`.registry`, :mod:`.auto`) beside them.
 
 Importing this package registers every family in :mod:`.registry` (the table
 ``model_type`` -> classes) and with transformers' ``AutoConfig``/``AutoModel``.
@@ -7,12 +9,17 @@ Hub converters, :mod:`hf_spec.hub.convert`); ``hf_spec`` exports it.
 """
 
 from .base import SpecDrafterConfig, SpecDrafterModel
-from .eagle import EagleDrafter, EagleDrafterConfig
-from .eagle3 import Eagle3Drafter, Eagle3DrafterConfig
-from .ngram import NGramDrafter, NGramDrafterConfig
-from .parallelspec import ParallelDrafter, ParallelDrafterConfig
+from .eagle.config import EagleDrafterConfig
+from .eagle.model import EagleDrafter
+from .eagle3.config import Eagle3DrafterConfig
+from .eagle3.model import Eagle3Drafter
+from .ngram.config import NGramDrafterConfig
+from .ngram.model import NGramDrafter
+from .parallelspec.config import ParallelDrafterConfig
+from .parallelspec.model import ParallelDrafter
 from .registry import DRAFTER_CLASSES, register
-from .s2d import SortedDrafter, SortedDrafterConfig
+from .s2d.config import SortedDrafterConfig
+from .s2d.model import SortedDrafter
 
 for _config_class, _model_class in (
     (EagleDrafterConfig, EagleDrafter),

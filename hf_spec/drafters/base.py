@@ -10,9 +10,11 @@ import torch.nn.functional as F
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from .. import compat, draft_vocab
-from ..shape_select import check_candidates
+from ..shape_select import check_candidates, renamed_options
 from ..tree.dynamic import TreeShape
-from .session import DraftingSession, check_ngram_branches
+from .datastore import find_datastore
+from .registry import HUB_HOOKS
+from .session import DraftingSession, check_node_count
 
 
 CHECKPOINT_FORMAT_VERSION = "0.1"
@@ -54,7 +56,7 @@ class SpecDrafterConfig(PretrainedConfig):
         tree_min_prob: default confidence floor of dynamic trees (0: off; :class:`~hf_spec.tree.dynamic.TreeShape`):
             nodes whose cumulative draft probability is below it are neither grown nor verified.
         tree_shape_candidates: optional list of shapes (``generate()`` options ``tree_depth``,
-            ``tree_top_k``, ``tree_total_tokens``, ``tree_min_prob``, ``ngram_branches``) with the ``tau`` and
+            ``tree_top_k``, ``tree_total_tokens``, ``tree_min_prob``, ``ngram_nodes``) with the ``tau`` and
             ``verified_nodes`` each achieved on held-aside prompts (:mod:`hf_spec.shape_select`): the rungs the
             online controller (:mod:`hf_spec.controller`) chooses among at run time, its measured cycles deciding.
         auto_tree_shape: use the candidates when a call sets none of those options (None: true
@@ -65,9 +67,9 @@ class SpecDrafterConfig(PretrainedConfig):
         draft_vocab_size: D, the size of the draft vocabulary (:mod:`hf_spec.draft_vocab`): the
             drafter scores only D target ids, held in its ``d2t``/``t2d`` buffers. None: the full
             target vocabulary.
-        ngram_branches: up to this many nodes of context n-gram continuations are grafted into each drafted
+        ngram_nodes: up to this many nodes of context n-gram continuations are grafted into each drafted
             tree, whatever the family (:mod:`hf_spec.drafters.hybrid`; 0: off). ``generate(...,
-            ngram_branches=N)`` overrides it for one call. (:class:`~hf_spec.NGramDrafter` drafts n-gram trees
+            ngram_nodes=N)`` overrides it for one call. (:class:`~hf_spec.NGramDrafter` drafts n-gram trees
             alone and ignores the ``ngram_*`` fields.)
         ngram_depth: deepest grafted n-gram node (None: the drafter tree's depth). N-gram continuations cost no
             drafter forward, only verification rows, so they may reach deeper than the drafter's own tree.
@@ -75,14 +77,15 @@ class SpecDrafterConfig(PretrainedConfig):
             matches rank first, and a match of the whole ``ngram_max_match`` tokens makes a copy cycle.
         ngram_copy_nodes: on a cycle whose context repeats the whole ``ngram_max_match``-token suffix (the text is
             being copied, e.g. an edit of code in the prompt), up to this many n-gram nodes are grafted instead of
-            ``ngram_branches`` (0: no such boost); under ``ngram_cost_gate``, the budget of a copy cycle's trie.
+            ``ngram_nodes`` (0: no such boost); under ``ngram_cost_gate``, the budget of a copy cycle's trie.
         ngram_cost_gate: decide each cycle by expected value whether to run the drafter at all. Every cycle builds
             the n-gram trie as :class:`~hf_spec.NGramDrafter` would (up to ``ngram_copy_nodes``, else 16, nodes to
             ``ngram_depth``, cut by this machine's measured verification cost); the drafter runs, its tree taking
             at least that trie's nodes as branches, only when the tokens it has added so far to tries of the same
             expected yield (exact in greedy decoding) pay for its forwards and nodes
-            (:class:`~hf_spec.drafters.ngram.CycleGate`); else the trie alone is verified. Needs ``ngram_branches``
+            (:class:`~hf_spec.drafters.ngram.CycleGate`); else the trie alone is verified. Needs ``ngram_nodes``
             > 0. Default False.
+        ngram_branches: the old name of ``ngram_nodes`` (it counted nodes), still read with a FutureWarning.
     """
 
     model_type = "hf_spec_drafter"
@@ -106,11 +109,12 @@ class SpecDrafterConfig(PretrainedConfig):
         tree_shape_candidates: list[dict] | None = None,
         auto_tree_shape: bool | None = None,
         tree_min_prob: float = 0.0,
-        ngram_branches: int = 0,
+        ngram_nodes: int | None = None,
         ngram_depth: int | None = None,
         ngram_max_match: int = 4,
         ngram_copy_nodes: int = 0,
         ngram_cost_gate: bool = False,
+        ngram_branches: int | None = None,
         **kwargs,
     ):
         _check_format_version(hf_spec_version, type(self).__name__)
@@ -131,9 +135,10 @@ class SpecDrafterConfig(PretrainedConfig):
         self.draft_vocab_size = draft_vocab_size
         self.tree_shape_candidates = check_candidates(tree_shape_candidates) or None
         self.auto_tree_shape = auto_tree_shape
-        self.ngram_branches = check_ngram_branches(ngram_branches)
+        nodes = renamed_options(dict(ngram_nodes=ngram_nodes, ngram_branches=ngram_branches), type(self).__name__)
+        self.ngram_nodes = check_node_count(nodes.get("ngram_nodes") or 0)
         self.ngram_max_match = _suffix_length(ngram_max_match, "ngram_max_match")
-        self.ngram_copy_nodes = check_ngram_branches(ngram_copy_nodes, "ngram_copy_nodes")
+        self.ngram_copy_nodes = check_node_count(ngram_copy_nodes, "ngram_copy_nodes")
         if ngram_depth is not None and (not isinstance(ngram_depth, int) or ngram_depth < 1):
             raise ValueError(f"ngram_depth must be a positive integer or None (the tree depth), got {ngram_depth!r}.")
         self.ngram_depth = ngram_depth
@@ -209,7 +214,7 @@ class SpecDrafterModel(PreTrainedModel):
     supports_tree_min_prob = False
     """Whether the family grows dynamic trees that honour ``tree_min_prob`` (EAGLE family)."""
     supports_ngram_branches = True
-    """Whether context n-gram branches can be grafted into the family's trees (``ngram_branches``): every trained
+    """Whether context n-gram branches can be grafted into the family's trees (``ngram_nodes``): every trained
     family; not :class:`~hf_spec.NGramDrafter`, whose trees are n-gram tries already."""
 
     def __init__(self, config: SpecDrafterConfig):
@@ -219,7 +224,7 @@ class SpecDrafterModel(PreTrainedModel):
         self.last_generation_stats = None
         self.ngram_datastore = None
         """An :class:`~hf_spec.drafters.datastore.NGramDatastore` whose corpus continuations join the n-gram
-        branches (``ngram_branches``); saved as ``ngram_datastore.safetensors`` beside the weights and loaded
+        branches (``ngram_nodes``); saved as ``ngram_datastore.safetensors`` beside the weights and loaded
         back by ``from_pretrained``. Set it to None to draft n-gram branches from the context alone."""
         if config.draft_vocab_size is not None:  # placeholder map; the checkpoint's buffers replace it
             self._register_draft_vocab(torch.arange(config.draft_vocab_size))
@@ -398,11 +403,10 @@ class SpecDrafterModel(PreTrainedModel):
         """
         raise NotImplementedError
 
-    # hf-spec:hub-begin -- Hub integration (hf_spec.hub). These lines are left out of the
-    # remote code generated at save time: trust_remote_code users get transformers' own
-    # save_pretrained/push_to_hub (see hf_spec/hub/remote_code.py).
+    # -- Hub: hooks that hf_spec.hub fills (registry.HUB_HOOKS); without them, transformers' own behaviour --------
     def save_pretrained(self, save_directory, *args, bench_results=None, training_info=None, **kwargs):
-        """transformers' ``save_pretrained``, then the remote code, ``auto_map`` and README.md card.
+        """transformers' ``save_pretrained``, the n-gram datastore, then (with :mod:`hf_spec.hub`) the remote code,
+        ``auto_map`` and README.md card.
 
         Args:
             bench_results: path to, or dict of, a benchmark JSON (``hf_spec.hub.cards`` schema) whose
@@ -410,28 +414,31 @@ class SpecDrafterModel(PreTrainedModel):
             training_info: dict of training metadata for the card (datasets, command, epochs…).
         """
         super().save_pretrained(save_directory, *args, **kwargs)
-        from ..hub import after_save_pretrained
-
-        if self.ngram_datastore is not None and kwargs.get("is_main_process", True):
+        is_main_process = kwargs.get("is_main_process", True)
+        if self.ngram_datastore is not None and is_main_process:
             self.ngram_datastore.save(save_directory)
-
-        after_save_pretrained(self, save_directory, bench_results=bench_results, training_info=training_info,
-                              is_main_process=kwargs.get("is_main_process", True))  # fmt: skip
+        if "save" in HUB_HOOKS:
+            HUB_HOOKS["save"](self, save_directory, bench_results=bench_results, training_info=training_info,
+                              is_main_process=is_main_process)  # fmt: skip
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """transformers' ``from_pretrained``, plus the checkpoint's ``ngram_datastore.safetensors`` when it has one."""
-        from .datastore import find_datastore
-
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, target=None, target_config=None, **kwargs):
+        """transformers' ``from_pretrained`` plus the checkpoint's ``ngram_datastore.safetensors`` when it has one;
+        checkpoints of other formats that convert to this family (EAGLE-1/2/HASS to :class:`~hf_spec.EagleDrafter`,
+        EAGLE-3 and speculators ``eagle3`` to :class:`~hf_spec.Eagle3Drafter`: :mod:`hf_spec.hub.convert`, which
+        needs ``target`` or ``target_config``) are converted. With ``target`` the drafter comes back bound to it."""
+        if "convert" in HUB_HOOKS:
+            converted = HUB_HOOKS["convert"](cls, pretrained_model_name_or_path, target, target_config, kwargs)
+            if converted is not None:
+                return converted
         model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         model.ngram_datastore = find_datastore(pretrained_model_name_or_path, **kwargs)
-        return model
+        return model.bind(target) if target is not None else model
 
-    def push_to_hub(self, repo_id: str, *, bench_results=None, training_info=None, **kwargs) -> str:
+    def push_to_hub(self, repo_id: str, *args, **kwargs) -> str:
         """Save (weights, config, remote code, card) and upload through huggingface_hub; see
-        :func:`hf_spec.hub.push_drafter_to_hub` (transformers' own version replaces README.md)."""
-        from ..hub import push_drafter_to_hub
-
-        return push_drafter_to_hub(self, repo_id, bench_results=bench_results, training_info=training_info, **kwargs)
-
-    # hf-spec:hub-end
+        :func:`hf_spec.hub.push_drafter_to_hub` (transformers' own version replaces README.md). Options:
+        ``bench_results``, ``training_info`` (as :meth:`save_pretrained`), ``commit_message``, ``private``…"""
+        if "push" in HUB_HOOKS:
+            return HUB_HOOKS["push"](self, repo_id, *args, **kwargs)
+        return super().push_to_hub(repo_id, *args, **kwargs)

@@ -1,7 +1,7 @@
 """Context n-gram branches for ANY trained drafter: one wrapper around its drafting session.
 
-With ``ngram_branches`` > 0 (a drafter config field of every trained family, or ``generate(...,
-ngram_branches=N)``), the loop wraps the family's session (EAGLE/HASS/CORAL, EAGLE-3, ParallelSpec, S2D) in
+With ``ngram_nodes`` > 0 (a drafter config field of every trained family, or ``generate(...,
+ngram_nodes=N)``), the loop wraps the family's session (EAGLE/HASS/CORAL, EAGLE-3, ParallelSpec, S2D) in
 :class:`NGramHybridSession`: it indexes prompt + committed tokens (:class:`~hf_spec.drafters.ngram.NGramBranches`,
 with the drafter's ``ngram_datastore``) and grafts continuation tries into every tree the family drafts
 (:func:`~hf_spec.drafters.ngram.graft_trie`). With ``ngram_cost_gate`` it also decides, each cycle, whether to
@@ -24,7 +24,9 @@ import torch
 
 from .. import timing, verify_cost
 from ..tree.tree import DraftTree
-from .ngram import DEFAULT_DRAFT_DEPTH, DEFAULT_DRAFT_NODES, CycleGate, NGramBranches
+from .ngram.branches import NGramBranches
+from .ngram.gate import CycleGate
+from .ngram.trie import DEFAULT_DRAFT_DEPTH, DEFAULT_DRAFT_NODES
 from .session import DraftingSession
 
 _GATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -57,7 +59,7 @@ class NGramHybridSession(DraftingSession):
     def __init__(self, inner: DraftingSession, config, shape, do_sample: bool, prompt_ids: torch.Tensor,
                  branches: int, datastore=None, gate: CycleGate | None = None):  # fmt: skip
         if prompt_ids is None:
-            raise ValueError("ngram_branches needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
+            raise ValueError("ngram_nodes needs the prompt. Fix: pass prompt_ids to new_drafting_session().")
         self.inner = inner
         self.shape = shape
         self.do_sample = do_sample

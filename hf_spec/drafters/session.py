@@ -15,7 +15,7 @@ import torch
 from ..tree.tree import DraftTree
 
 
-def check_ngram_branches(value, name: str = "ngram_branches") -> int:
+def check_node_count(value, name: str = "ngram_nodes") -> int:
     """``value`` if it is a valid n-gram node count (an integer >= 0), else a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0 (0: off), got {value!r}.")
@@ -35,6 +35,14 @@ class DraftingSession:
     """Seconds spent drafting (drafter forwards, n-gram lookups), accumulated by :meth:`propose`."""
     use_router: bool | None = None
     """Draft through the LM-head router (None: the session has none); only when ``supports_router``."""
+    wants_verify_costs: bool = False
+    """Whether the session sizes its trees by the target's measured verification costs: the loop, which has the
+    target, then hands them to :meth:`use_verify_costs` before the first :meth:`propose` (the drafter modules do
+    not measure: :mod:`hf_spec.verify_cost` is the loop's business)."""
+
+    def use_verify_costs(self, verify_ms: dict[int, float]) -> None:
+        """Take the target's verification costs (tree size -> milliseconds) when :attr:`wants_verify_costs`."""
+        raise NotImplementedError
 
     def propose(self, features: torch.Tensor | None, next_tokens: torch.Tensor) -> DraftTree:
         """Commit the pairs the last verification accepted and draft the next tree.

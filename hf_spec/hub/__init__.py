@@ -1,13 +1,18 @@
 """Hub integration: remote code + ``auto_map`` (:mod:`.remote_code`), model cards (:mod:`.cards`),
-``push_to_hub`` (:mod:`.push`) and export to other formats (:mod:`.export`).
+``push_to_hub`` (:mod:`.push`), conversion of other formats (:mod:`.convert`) and export to them (:mod:`.export`).
 
-:class:`~hf_spec.drafters.base.SpecDrafterModel` calls :func:`after_save_pretrained` from its
-``save_pretrained`` and :func:`push_drafter_to_hub` from its ``push_to_hub``.
+The drafters never import this package: importing it fills their Hub hooks
+(:data:`hf_spec.drafters.registry.HUB_HOOKS`), which :class:`~hf_spec.drafters.base.SpecDrafterModel`'s
+``save_pretrained`` (:func:`after_save_pretrained`), ``push_to_hub`` (:func:`push_drafter_to_hub`) and
+``from_pretrained`` (:func:`hf_spec.hub.convert.convert_to_family`) call. ``import hf_spec`` imports it.
 """
 
 from __future__ import annotations
 
 import os
+
+from ..drafters.registry import HUB_HOOKS
+from .convert import convert_to_family
 
 
 def after_save_pretrained(model, save_directory: str | os.PathLike, *, bench_results=None, training_info=None,
@@ -27,5 +32,7 @@ def push_drafter_to_hub(model, repo_id: str, **kwargs) -> str:
 
     return push(model, repo_id, **kwargs)
 
+
+HUB_HOOKS.update(save=after_save_pretrained, push=push_drafter_to_hub, convert=convert_to_family)
 
 __all__ = ["after_save_pretrained", "push_drafter_to_hub"]

@@ -65,8 +65,8 @@ _IGNORED_EAGLE3_PREFIXES = ("embed_tokens.", "verifier_")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download")
 EAGLE_MODEL_TYPE, EAGLE3_MODEL_TYPE = "hf_spec_eagle", "hf_spec_eagle3"
 """The families external checkpoints convert to. Their classes come from :mod:`hf_spec.drafters.registry` by
-``model_type``: this module never imports the drafter modules, whose ``from_pretrained`` calls it, nor
-:mod:`hf_spec.drafters.auto` (:class:`~hf_spec.AutoDrafter`), which calls it too."""
+``model_type``: this module never imports the drafter modules, whose ``from_pretrained`` calls it (through the
+registry's Hub hooks), nor :mod:`hf_spec.drafters.auto` (:class:`~hf_spec.AutoDrafter`), which calls it too."""
 
 
 class UnsupportedLayoutError(ValueError):
@@ -330,24 +330,28 @@ def convert_eagle3(
     return _load_converted(Eagle3Drafter(drafter_config), weights, "EAGLE-3", path, dtype, target)
 
 
-CONVERTERS = {EAGLE: ("EagleDrafter", convert_eagle), EAGLE3: ("Eagle3Drafter", convert_eagle3),
-              SPECULATORS_EAGLE3: ("Eagle3Drafter", convert_eagle3)}  # fmt: skip
-"""layout -> (the hf-spec family class it converts to, converter)."""
+CONVERTERS = {EAGLE: (EAGLE_MODEL_TYPE, convert_eagle), EAGLE3: (EAGLE3_MODEL_TYPE, convert_eagle3),
+              SPECULATORS_EAGLE3: (EAGLE3_MODEL_TYPE, convert_eagle3)}  # fmt: skip
+"""layout -> (``model_type`` of the hf-spec family it converts to, converter)."""
 
 
-def family_from_pretrained(parent, cls, name_or_path, model_args, target, target_config, kwargs):
-    """A family class's ``from_pretrained``: external layouts converted (to ``cls`` only), hf-spec
-    checkpoints through ``parent.from_pretrained`` (transformers'); bound to ``target`` when given."""
-    hub_kwargs = split_hub_kwargs(kwargs)
-    layout, path = resolve(name_or_path, **hub_kwargs)
-    if layout in CONVERTERS:
-        family, converter = CONVERTERS[layout]
-        if cls.__name__ != family:
-            raise ValueError(f"{name_or_path!r} is a {layout} checkpoint, which converts to {family}, not "
-                             f"{cls.__name__}. Fix: load it with {family} or AutoDrafter.")  # fmt: skip
-        return converter(path, target, target_config, source=str(name_or_path), **kwargs)
-    drafter = parent.from_pretrained(name_or_path, *model_args, **hub_kwargs, **kwargs)
-    return drafter.bind(target) if target is not None else drafter
+def convert_to_family(cls, name_or_path, target, target_config, kwargs: dict):
+    """The drafters' ``"convert"`` Hub hook (:data:`~hf_spec.drafters.registry.HUB_HOOKS`), which a family's
+    ``from_pretrained`` calls: ``name_or_path`` converted to ``cls`` (and bound to ``target`` when given) when it
+    holds another format; None for an hf-spec checkpoint, which transformers loads. ``kwargs``: the
+    ``from_pretrained`` options, left as they are when it returns None."""
+    if name_or_path is None:  # transformers' from_pretrained(None, config=..., state_dict=...)
+        return None
+    layout, path = resolve(name_or_path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs})
+    if layout not in CONVERTERS:
+        return None
+    model_type, converter = CONVERTERS[layout]
+    if cls.config_class.model_type != model_type:
+        family = drafter_classes(model_type)[1].__name__
+        raise ValueError(f"{name_or_path!r} is a {layout} checkpoint, which converts to {family}, not "
+                         f"{cls.__name__}. Fix: load it with {family} or AutoDrafter.")  # fmt: skip
+    options = {k: v for k, v in kwargs.items() if k not in _HUB_KWARGS}
+    return converter(path, target, target_config, source=str(name_or_path), **options)
 
 
 def split_hub_kwargs(kwargs: dict) -> dict:

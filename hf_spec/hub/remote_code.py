@@ -23,10 +23,11 @@ weights):
 2. Write each module ``hf_spec.a.b`` as ``hf_spec_a_b.py`` with every hf_spec import rewritten
    to the flat form: ``from ..tree.dynamic import X`` -> ``from .hf_spec_tree_dynamic import X``;
    ``from .. import compat`` -> ``from . import hf_spec_compat as compat``.
-3. Drop the lines between ``# hf-spec:hub-begin`` and ``# hf-spec:hub-end`` markers (the
-   Hub hooks of :class:`~hf_spec.drafters.base.SpecDrafterModel`, which need hf_spec itself):
-   a remote-code drafter uses transformers' own ``save_pretrained``/``push_to_hub``, which
-   re-copies this module set because the loader registers the classes for their auto class.
+3. Nothing is cut: the drafter modules import nothing of :mod:`hf_spec.hub` (a hub module in the
+   closure is an error). Their Hub behaviour comes through hooks that this package fills when
+   imported (:data:`hf_spec.drafters.registry.HUB_HOOKS`); in the remote-code copy nothing fills
+   them, so a remote-code drafter uses transformers' own ``save_pretrained``/``push_to_hub``,
+   which re-copies this module set because the loader registers the classes for their auto class.
 4. Write the entry module ``modeling_hf_spec.py``: it imports the config class, subclasses the
    model class with :data:`_REMOTE_GUARD` (``generate()`` and use as ``assistant_model``
    explain that tree decoding needs ``pip install hf-spec``), and imports every module of the
@@ -56,8 +57,6 @@ ENTRY_MODULE = "modeling_hf_spec"
 """Name (without .py) of the entry module the ``auto_map`` points to."""
 
 FLAT_PREFIX = "hf_spec_"
-HUB_BEGIN = "# hf-spec:hub-begin"
-HUB_END = "# hf-spec:hub-end"
 _PACKAGE = "hf_spec"
 
 
@@ -108,28 +107,9 @@ def _resolve(node: ast.ImportFrom, current: str) -> list[tuple[str, str | None]]
     return out
 
 
-def _strip_hub_blocks(source: str, module_name: str) -> str:
-    lines, out, skipping = source.splitlines(keepends=True), [], False
-    for line in lines:
-        stripped = line.strip()
-        if stripped.startswith(HUB_BEGIN):
-            if skipping:
-                raise ValueError(f"{module_name}: nested {HUB_BEGIN!r}")
-            skipping = True
-        elif stripped.startswith(HUB_END):
-            if not skipping:
-                raise ValueError(f"{module_name}: {HUB_END!r} without {HUB_BEGIN!r}")
-            skipping = False
-        elif not skipping:
-            out.append(line)
-    if skipping:
-        raise ValueError(f"{module_name}: {HUB_BEGIN!r} without {HUB_END!r}")
-    return "".join(out)
-
-
 def _rewrite(module_name: str) -> tuple[str, set[str]]:
     """(flat source of ``module_name``, the hf_spec modules it imports)."""
-    source = _strip_hub_blocks(_source_path(module_name).read_text(encoding="utf-8"), module_name)
+    source = _source_path(module_name).read_text(encoding="utf-8")
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     edits, needed = [], set()
@@ -169,7 +149,8 @@ def module_closure(roots: list[str]) -> dict[str, str]:
         if name in done:
             continue
         if name.startswith(f"{_PACKAGE}.hub"):
-            raise ValueError(f"{name} is reached outside a {HUB_BEGIN!r} block; hub code cannot be remote code.")
+            raise ValueError(f"{name} is imported by a drafter module; hub code cannot be remote code (the drafters "
+                             "reach it through hf_spec.drafters.registry.HUB_HOOKS).")
         done[name], needed = _rewrite(name)
         todo.extend(sorted(needed - done.keys()))
     return done

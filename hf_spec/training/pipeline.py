@@ -22,8 +22,9 @@ from transformers.trainer_utils import get_last_checkpoint
 from .. import draft_vocab
 from ..drafters import EagleDrafter, ParallelDrafter
 from ..drafters.auto import AutoDrafter
-from ..drafters.eagle3 import Eagle3Drafter, default_aux_layer_ids
-from ..drafters.router import frequency_order
+from ..drafters.eagle.router import frequency_order
+from ..drafters.eagle3.config import default_aux_layer_ids
+from ..drafters.eagle3.model import Eagle3Drafter
 from ..hardware import resolve_dtype
 from ..resources import cache_dir
 from .collators import FeatureCollator

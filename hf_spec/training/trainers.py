@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import Trainer, TrainingArguments
 
-from ..drafters.router import group_mass
+from ..drafters.eagle.router import group_mass
 from .losses import (
     csra_loss_per_step,
     csra_loss_symmetric_all_steps,

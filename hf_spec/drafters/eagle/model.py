@@ -13,82 +13,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
-from transformers.models.mistral.modeling_mistral import MistralDecoderLayer, MistralRotaryEmbedding
-from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
 from transformers.utils import ModelOutput
 
-from .. import compat, timing
-from ..cache import crop_to
-from ..tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
-from ..tree.tree import DraftTree, causal_mask
-from .base import SpecDrafterConfig, SpecDrafterModel
-from .layer_config import _NOT_LAYER_FIELDS, decoder_layer_config
+from ...tree.dynamic import TreeShape
+from ...tree.tree import causal_mask
+from ..base import SpecDrafterModel
+from .config import DECODER_LAYERS, EagleDrafterConfig
 from .router import GroupedHead, LMHeadRouter, routed_log_probs
-from .session import DraftingSession
-
-DECODER_LAYERS = {
-    "llama": (LlamaDecoderLayer, LlamaRotaryEmbedding),
-    "qwen2": (Qwen2DecoderLayer, Qwen2RotaryEmbedding),
-    "mistral": (MistralDecoderLayer, MistralRotaryEmbedding),
-}
-"""model_type -> (decoder layer class, rotary embedding class) taken from transformers."""
-
-
-class EagleDrafterConfig(SpecDrafterConfig):
-    """Config of :class:`EagleDrafter`.
-
-    Args:
-        num_layers: decoder layers in the drafter (EAGLE/HASS/CORAL: 1).
-        layer_config: the target's decoder settings (heads, intermediate size, RoPE, norm eps…)
-            as a dict; the layers are built with the target family's own transformers classes.
-        router_num_groups: vocabulary groups of CORAL's LM-head router (None: no router;
-            CORAL: 16). See :mod:`hf_spec.drafters.router`.
-        router_top_n: groups whose LM-head rows are computed per draft row (CORAL: 2).
-        use_router: draft through the router when the checkpoint has one (``generate(...,
-            use_router=False)`` turns it off for one call).
-    """
-
-    model_type = "hf_spec_eagle"
-    default_training_method = "eagle"
-
-    def __init__(
-        self,
-        num_layers: int = 1,
-        layer_config: dict | None = None,
-        router_num_groups: int | None = None,
-        router_top_n: int = 2,
-        use_router: bool = True,
-        **kwargs,
-    ):
-        self.num_layers = num_layers
-        self.layer_config = layer_config or {}
-        self.router_num_groups = router_num_groups
-        self.router_top_n = router_top_n
-        self.use_router = use_router
-        super().__init__(**kwargs)
-
-    @classmethod
-    def for_target(cls, target_config: PretrainedConfig, name_or_path: str | None = None, **kwargs):
-        """A config shaped for ``target_config`` (the target's ``config``); ``kwargs`` override its fields."""
-        text_config = target_config.get_text_config()
-        if text_config.model_type not in DECODER_LAYERS:
-            raise ValueError(
-                f"EagleDrafter supports targets of types {sorted(DECODER_LAYERS)}, got {text_config.model_type!r}. "
-                "Fix: add the family's decoder layer and rotary classes to hf_spec.drafters.eagle.DECODER_LAYERS."
-            )
-        layer_config = {k: v for k, v in text_config.to_dict().items() if k not in _NOT_LAYER_FIELDS}
-        layer_config["model_type"] = text_config.model_type
-        return cls(**{"layer_config": layer_config, **cls.target_fields(target_config, name_or_path), **kwargs})
-
-    def decoder_layer_config(self) -> PretrainedConfig:
-        """The transformers config the drafter's decoder layers are built from."""
-        fields = dict(self.layer_config)
-        model_type = fields.pop("model_type", self.target_model_type)
-        if model_type not in DECODER_LAYERS:
-            raise ValueError(f"Unsupported drafter layer family {model_type!r}; supported: {sorted(DECODER_LAYERS)}.")
-        return decoder_layer_config(model_type, fields, self.num_layers)
+from .session import EagleDraftingSession
 
 
 @dataclass
@@ -122,19 +54,6 @@ class EagleDrafter(SpecDrafterModel):
         self._grouped_head = None
         self.post_init()
 
-    # hf-spec:hub-begin -- EAGLE/HASS conversion needs hf_spec itself; left out of the remote code.
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, target=None, target_config=None, **kwargs):
-        """transformers' ``from_pretrained`` for hf-spec checkpoints; EAGLE-1/2 and HASS checkpoints (local
-        directory or Hub repo) are converted (:func:`hf_spec.hub.convert.convert_eagle`, which needs
-        ``target`` or ``target_config``). With ``target`` the drafter comes back bound to it."""
-        from ..hub.convert import family_from_pretrained
-
-        return family_from_pretrained(super(), cls, pretrained_model_name_or_path, model_args, target, target_config,
-                                      kwargs)  # fmt: skip
-
-    # hf-spec:hub-end
-
     def _build_router(self, num_groups: int) -> None:
         hidden = self.config.target_hidden_size
         act = self.config.layer_config.get("hidden_act", "silu")
@@ -158,7 +77,7 @@ class EagleDrafter(SpecDrafterModel):
 
     def add_router(self, token_order: torch.Tensor, num_groups: int = 16, top_n: int = 2) -> LMHeadRouter:
         """Attach a fresh (untrained) CORAL LM-head router over ``num_groups`` groups of ``token_order``
-        (a permutation of the vocabulary, e.g. :func:`hf_spec.drafters.router.frequency_order`; with a
+        (a permutation of the vocabulary, e.g. :func:`hf_spec.drafters.eagle.router.frequency_order`; with a
         draft vocabulary, a permutation of the D draft indices 0..D-1)."""
         vocab = self._router_vocab_size()
         token_order = torch.as_tensor(token_order, dtype=torch.long)
@@ -270,86 +189,3 @@ def positions_and_mask(x: torch.Tensor, position_ids, attention_mask, past_key_v
         attention_mask = mask
     return position_ids, attention_mask
 
-
-class EagleDraftingSession(DraftingSession):
-    """Drafting state of one generate() call: the drafter's KV cache of committed positions.
-
-    Drafter position t holds the pair (target feature f_t, token x_{t+1}). Each cycle,
-    :meth:`propose` appends the pairs the last verification committed (the accepted path and
-    the new root token), grows a dynamic tree whose nodes attend to the committed cache and
-    their own ancestors, then crops the tree's entries away again.
-    """
-
-    def __init__(self, drafter: EagleDrafter, shape: TreeShape, do_sample: bool, temperature: float, prompt_ids=None):
-        self.drafter = drafter
-        self.shape = shape
-        self.do_sample = do_sample
-        self.temperature = temperature if do_sample else 1.0
-        self.cache = compat.full_dynamic_cache()
-        self.committed = 0
-        self.forward_seconds = 0.0
-        self.use_router = drafter.router is not None and bool(drafter.config.use_router)
-        draft_ids = drafter.draft_ids  # derived from the d2t buffer on each access: read once
-        self.vocab_ids = draft_ids if draft_ids is not None and draft_ids.numel() >= shape.top_k else None
-        """Target ids of the draft vocabulary when the tree is grown over it (draft log-probabilities (R, D),
-        drawn ids mapped back); None: over the full vocabulary."""
-
-    @property
-    def supports_router(self) -> bool:
-        """A CORAL LM-head router to draft through: only drafters that have one."""
-        return self.drafter.router is not None
-
-    def _run(self, tokens, features, positions, mask, last_only: bool = False):
-        """One drafter forward; log-probabilities for every row, or for the last one only."""
-        start = timing.clock(self.drafter.device)
-        out = self.drafter(
-            input_ids=tokens.view(1, -1),
-            hidden_states=features.unsqueeze(0),
-            position_ids=positions.view(1, -1),
-            attention_mask=mask,
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        hidden = out.last_hidden_state[0]
-        head_input = hidden[-1:] if last_only else hidden  # the LM head is most of a drafter step
-        logq = self.drafter.draft_log_probs(head_input, self.temperature, self.use_router,
-                                            full_vocab=self.vocab_ids is None)  # fmt: skip
-        # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
-        # propose nothing, and verification falls back to the target alone.
-        logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
-        self.forward_seconds += timing.clock(self.drafter.device) - start
-        return hidden, logq
-
-    def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
-        """Commit pairs (features[i], next_tokens[i]) to the drafter's cache and grow its dynamic tree rooted at
-        ``next_tokens[-1]``."""
-        device = features.device
-        m = features.shape[0]
-        positions = torch.arange(self.committed, self.committed + m, device=device)
-        mask = causal_mask(self.committed, m, features.dtype, device)
-        hidden, logq = self._run(next_tokens, features, positions, mask, last_only=True)
-        self.committed += m
-        committed = self.committed
-
-        shape = self.shape
-        node_hidden = torch.empty(shape.max_nodes, hidden.shape[-1], dtype=hidden.dtype, device=device)
-        node_hidden[0] = hidden[-1]
-
-        def expand(frontier: Frontier) -> torch.Tensor:
-            attend = frontier.attend
-            mask = torch.zeros(attend.shape[0], committed + attend.shape[1], dtype=hidden.dtype, device=device)
-            mask[:, committed:].masked_fill_(~attend, torch.finfo(hidden.dtype).min)  # committed prefix: all visible
-            out_hidden, out_logq = self._run(
-                frontier.tokens,
-                node_hidden[frontier.parents],
-                committed - 1 + frontier.depths,
-                mask.view(1, 1, *mask.shape),
-            )
-            node_hidden[frontier.nodes] = out_hidden
-            return out_logq
-
-        try:
-            return grow_dynamic_tree(next_tokens[-1], logq[-1], expand, shape, self.do_sample,  # no host read
-                                     vocab_ids=self.vocab_ids, vocab_size=self.drafter.config.target_vocab_size)
-        finally:
-            crop_to(self.cache, committed)

@@ -1,256 +1,31 @@
-"""S2D sorted drafter: the first L layers of a small causal LM with early exits (arXiv 2407.01955).
-
-The drafter is a standalone small LM (its own embedding, final norm and LM head; unlike
-EAGLE it does not borrow anything from the target) made of the first ``num_layers``
-decoder layers of a *source* model. Exits sit after the layers listed in ``exits``; every
-exit goes through the shared final norm and LM head, so each exit is a sub-model
-("sorted fine-tuning" trains all of them at once, :func:`hf_spec.training.losses.sorted_loss`).
-
-Drafting (Alg. 1, §3.3): for each draft token, run the layers up to the first exit; if the
-exit's confidence (max probability of its distribution) reaches that exit's threshold the
-token is drafted there, else computation continues through the next layers from where it
-stopped. One checkpoint serves several targets: ``config.targets`` lists each with its own
-thresholds (small targets favour the small sub-models, large ones the deep ones, §4.4.1).
-
-Default exits for Qwen2.5-Coder-0.5B (24 layers): ``num_layers=8, exits=(4, 6, 8)``. The
-paper keeps 12 of Vicuna-7B's 32 layers (3/8) with exits at 1/2, 3/4 and all of the drafter
-(6/9/12). One third of the 0.5B (8 layers) keeps the drafter's *layers* at about 1/10 of
-the Qwen-1.5B target's per-token cost, and 4/6/8 are the same 1/2, 3/4, 1 split. One
-difference from Vicuna matters for choosing thresholds: Qwen's LM head (151936 x 896,
-in the packaged checkpoint a separate matrix, not tied to the embedding) holds about as many weights as 9 of its decoder layers (a layer is
-~14.9 M), while Vicuna's head is smaller than one of its layers. So every exit *tried*
-costs ~9 layers of head on top of the layers: an exit at layer 4 saves 4 layers when it
-fires and costs a head when it does not. Early exits pay off only for targets where they
-fire often; :func:`search_thresholds` measures this per target, and thresholds above 1
-(always the full 8-layer sub-model) are among its candidates. An exit whose threshold is
-above 1 can never fire, so its head is skipped: thresholds ``[2, 2, 0]`` cost exactly the
-8-layer sub-model, ``[0, 0, 0]`` exactly the 4-layer one (:meth:`SortedDrafter.use_fixed_exit`).
-
-KV-cache scheme (lazy catch-up). Exits split the layers into segments. The session keeps
-one KV cache for all layers, and for every segment ``s`` > 0 the count ``done[s]`` of
-positions it has processed plus ``pending[s]``: the segment's *input* hidden states (the
-previous segment's output) for positions ``done[s] .. done[s-1]-1``, i.e. the tokens that
-exited early before reaching it. Whenever a token must go through segment ``s``, the
-segment runs on all its pending inputs at once (causal over its own cache), which fills in
-the K/V of the earlier early-exited positions first; its outputs become pending inputs of
-the next segment. Every layer therefore sees exactly the K/V it would have in a full
-forward, so each exit's distribution equals that of the truncated model on the same text
-(tested). After drafting, the session drops everything at positions >= the committed
-length (per-layer cache crop and pending truncation); catch-up work done on committed
-positions is kept.
-
-Cheap training and small checkpoints (issue #16). With a draft vocabulary
-(``set_draft_vocab``; :mod:`hf_spec.draft_vocab`, the d2t/t2d map of the other families) every
-exit scores only those D rows of the shared head (the head is most of a step's cost for Qwen)
-and training ignores labels outside it; verification stays over the full target vocabulary, so
-decoding is lossless. With :meth:`SortedDrafter.add_lora` the layers carry ``peft`` LoRA
-adapters and only adapters, the final (exit) norm and the draft map are trained and saved;
-the layers' base weights, embedding and head are the source model's, borrowed at bind time
-(from the target when it is the source, else from :meth:`SortedDrafter.attach_source` or by
-loading ``source_model_name_or_path``), adapters merged into the copied layers.
-
-Exit adapters on a frozen backbone (:meth:`SortedDrafter.add_exit_adapters`; issue #16's CPU recipe): all
-of the source's layers are kept and frozen, every exit but the last gets its own linear map + norm, trained
-by distillation from the last exit, which is the source itself (e.g. the 0.5B drafting for the 1.5B); the
-checkpoint holds adapters, norm and draft map and borrows the rest as with LoRA. ``tree_min_prob`` stops a
-chain at the first token whose cumulative draft probability falls below it.
-
-Losslessness in sampling: the exit is chosen from the exit's distribution (its max
-probability) *before* the draft token is drawn, then the token is drawn from the chosen
-exit's (temperature-scaled) distribution q, and q is stored in the tree; the choice depends
-on the context only, never on the token drawn, so the chain meets the verifier's
-conditions (:mod:`hf_spec.verify`). (Alg. 1 writes "x, c ~ p_S"; taking c as the sampled
-token's own probability would make q depend on the draw.)
-"""
+"""The S2D sorted drafter, :class:`SortedDrafter`: the first layers of a source LM with early exits (see
+:mod:`hf_spec.drafters.s2d`)."""
 
 from __future__ import annotations
 
-import itertools
-import warnings
 import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .. import compat, draft_vocab, timing
-from ..stats import EarlyExitStats
-from ..tree.dynamic import TreeShape, draw_candidates
-from ..tree.tree import DraftTree, causal_mask
-from .base import SpecDrafterConfig, SpecDrafterModel
-from .eagle import DECODER_LAYERS
-from .layer_config import _NOT_LAYER_FIELDS, decoder_layer_config
-from .session import DraftingSession
+from ... import compat, draft_vocab
+from ...tree.dynamic import TreeShape
+from ...tree.tree import causal_mask
+from ..base import SpecDrafterModel
+from ..eagle.config import DECODER_LAYERS
+from ..layer_config import _NOT_LAYER_FIELDS, decoder_layer_config
+from .config import SortedDrafterConfig, _default_thresholds, default_exits, target_entry
+from .losses import exit_distillation_loss, sorted_loss
+from .session import SortedDraftingSession
+
 
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Linear maps of a decoder layer that :meth:`SortedDrafter.add_lora` adapts by default."""
 
-DEFAULT_THRESHOLDS_FRACTIONS = (0.9, 0.7)
-"""Default thresholds of the non-final exits, first exit first (the last exit always accepts)."""
-
-
-def default_exits(num_layers: int) -> list[int]:
-    """Exits at 1/2, 3/4 and all of the drafter's layers (paper: 6/9/12 of 12; Qwen 0.5B: 4/6/8 of 8)."""
-    exits = sorted({max(1, num_layers // 2), max(1, (3 * num_layers) // 4), num_layers})
-    return exits
-
-
-def _default_thresholds(num_exits: int) -> list[float]:
-    fractions = list(DEFAULT_THRESHOLDS_FRACTIONS)
-    head = (fractions + [fractions[-1]] * num_exits)[: num_exits - 1] if num_exits > 1 else []
-    return head + [0.0]
-
-
-class SortedDrafterConfig(SpecDrafterConfig):
-    """Config of :class:`SortedDrafter`.
-
-    Args:
-        num_layers: decoder layers kept from the source model.
-        exits: 1-based layer counts after which an exit sits, increasing; the last must be
-            ``num_layers``. Default: :func:`default_exits`.
-        layer_config: the source's decoder settings (dict); layers come from transformers.
-        target_vocab_size: the drafter's own vocabulary size, which every served target shares
-            (stored under the base config's field; the drafter has no separate ``vocab_size``).
-        targets: the targets this checkpoint serves, each a dict ``{"name_or_path",
-            "model_type", "hidden_size" (optional), "vocab_size", "thresholds"}`` with one
-            threshold per exit (the last exit always accepts; its value is ignored).
-        default_thresholds: thresholds for a target not in ``targets`` (bound with a warning).
-        source_model_name_or_path: the model the layers were extracted from (informative).
-        tie_word_embeddings: LM head shares the embedding matrix (as in Qwen2.5-0.5B).
-        tree_depth / tree_total_tokens: the drafted chain has min(tree_depth, tree_total_tokens)
-            tokens; ``tree_top_k`` is ignored (always a chain, top-1 greedy or one sample).
-        lora: ``{"r", "alpha", "target_modules"}`` when the layers carry LoRA adapters
-            (:meth:`SortedDrafter.add_lora`): the checkpoint then holds only the adapters, the
-            final (exit) norm and the draft-vocabulary map; embedding, LM head and the layers'
-            base weights are borrowed from the source model at bind time. None: a full checkpoint.
-        source_fingerprint: per borrowed layer, a checksum of the source's weights, checked when
-            the layers are borrowed (a model with the source's shapes but other weights is refused).
-        exit_adapters: the frozen-backbone recipe (:meth:`SortedDrafter.add_exit_adapters`): every exit
-            but the last has its own trained adapter (a linear map + its own norm) before the shared
-            head; the layers are the source's, unchanged, so with ``num_layers`` = the source's depth
-            the last exit *is* the source model. Only adapters, norm and draft map are saved.
-    """
-
-    model_type = "hf_spec_sorted"
-    default_training_method = "s2d"
-
-    def __init__(
-        self,
-        num_layers: int = 8,
-        exits: list[int] | None = None,
-        layer_config: dict | None = None,
-        targets: list[dict] | None = None,
-        default_thresholds: list[float] | None = None,
-        source_model_name_or_path: str | None = None,
-        tie_word_embeddings: bool = False,
-        lora: dict | None = None,
-        source_fingerprint: list[float] | None = None,
-        exit_adapters: bool = False,
-        tree_depth: int = 5,
-        tree_top_k: int = 1,
-        tree_total_tokens: int = 16,
-        **kwargs,
-    ):
-        self.num_layers = int(num_layers)
-        self.exits = [int(e) for e in (exits if exits is not None else default_exits(self.num_layers))]
-        self.layer_config = layer_config or {}
-        self.source_model_name_or_path = source_model_name_or_path
-        self.default_thresholds = [float(t) for t in (default_thresholds or _default_thresholds(len(self.exits)))]
-        self.targets = [dict(t) for t in (targets or [])]
-        self.lora = dict(lora) if lora else None
-        self.exit_adapters = bool(exit_adapters)
-        self.source_fingerprint = [float(f) for f in source_fingerprint] if source_fingerprint else None
-        if self.targets:
-            kwargs.setdefault("target_model_name_or_path", self.targets[0].get("name_or_path"))
-            kwargs.setdefault("target_model_type", self.targets[0].get("model_type"))
-        super().__init__(tree_depth=tree_depth, tree_top_k=tree_top_k, tree_total_tokens=tree_total_tokens, **kwargs)
-        self.tie_word_embeddings = bool(tie_word_embeddings)
-        self._validate()
-
-    def _validate(self) -> None:
-        e = self.exits
-        if not e or any(b <= a for a, b in zip(e, e[1:])) or e[0] < 1 or e[-1] != self.num_layers:
-            raise ValueError(
-                f"SortedDrafterConfig.exits must be increasing layer counts in 1..num_layers ending at num_layers "
-                f"({self.num_layers}); got {e}."
-            )
-        if self.lora and self.exit_adapters:
-            raise ValueError("SortedDrafterConfig: choose LoRA on the layers (lora) or exit adapters on a frozen "
-                             "backbone (exit_adapters), not both.")
-        for where, thresholds in [("default_thresholds", self.default_thresholds)] + [
-            (f"targets[{i}] ({t.get('name_or_path')})", t.get("thresholds")) for i, t in enumerate(self.targets)
-        ]:
-            if thresholds is None or len(thresholds) != len(e):
-                raise ValueError(f"{where}: need one threshold per exit ({len(e)} for exits {e}), got {thresholds}.")
-
-    @property
-    def borrows_source(self) -> bool:
-        """Whether the checkpoint leaves out the source's layers, embedding and head (LoRA or exit adapters)."""
-        return self.lora is not None or self.exit_adapters
-
-    def decoder_layer_config(self) -> PretrainedConfig:
-        """The transformers config the decoder layers are built from (the source family's)."""
-        fields = dict(self.layer_config)
-        model_type = fields.pop("model_type", None)
-        if model_type not in DECODER_LAYERS:
-            raise ValueError(f"Unsupported sorted drafter family {model_type!r}; supported: {sorted(DECODER_LAYERS)}.")
-        fields["vocab_size"] = self.target_vocab_size
-        return decoder_layer_config(model_type, fields, self.num_layers)
-
-    def thresholds_for(self, target: PreTrainedModel) -> list[float]:
-        """The thresholds serving ``target``; ValueError if its vocabulary differs from the drafter's."""
-        text = target.config.get_text_config()
-        name = compat.model_name_or_path(target.config) or None
-        served = [t.get("name_or_path") for t in self.targets]
-        if self.target_vocab_size is not None and text.vocab_size != self.target_vocab_size:
-            raise ValueError(
-                f"This SortedDrafter (vocab size {self.target_vocab_size}, built from "
-                f"{self.source_model_name_or_path or 'its source model'}) cannot draft for "
-                f"{name or type(target).__name__}: target vocab size {text.vocab_size} != drafter's {self.target_vocab_size}, "
-                "so their tokenizers differ. Fix: use a target sharing the drafter's tokenizer "
-                f"(served targets: {served or 'none listed'}), or build a sorted drafter from a source model with this "
-                "target's tokenizer (SortedDrafter.from_source_model(...)) and train it (training_scripts/train_s2d.py)."
-            )
-        for entry in self.targets:
-            if name is not None and entry.get("name_or_path") == name:
-                return [float(t) for t in entry["thresholds"]]
-        warnings.warn(
-            f"Target {name!r} is not among the targets this SortedDrafter lists ({served}); its vocabulary matches, "
-            f"so it binds with the default thresholds {self.default_thresholds}. Run "
-            "hf_spec.drafters.s2d.search_thresholds(drafter, target, prompts) to tune them.",
-            stacklevel=3,
-        )
-        return list(self.default_thresholds)
-
-    def set_target_thresholds(self, target_config: PretrainedConfig, thresholds, name_or_path: str | None = None):
-        """Record ``thresholds`` for a target (adds the entry if the target is not listed)."""
-        text = target_config.get_text_config()
-        name = name_or_path or compat.model_name_or_path(target_config) or None
-        thresholds = [float(t) for t in thresholds]
-        for entry in self.targets:
-            if entry.get("name_or_path") == name:
-                entry["thresholds"] = thresholds
-                break
-        else:
-            self.targets.append(dict(name_or_path=name, model_type=text.model_type, hidden_size=text.hidden_size,
-                                     vocab_size=text.vocab_size, thresholds=thresholds))  # fmt: skip
-        self._validate()
-
-
-def target_entry(target, thresholds, name_or_path: str | None = None) -> dict:
-    """A ``targets`` entry for a model (or its config) with the given thresholds."""
-    config = getattr(target, "config", target)
-    text = config.get_text_config()
-    return dict(
-        name_or_path=name_or_path or compat.model_name_or_path(config) or None,
-        model_type=text.model_type,
-        hidden_size=text.hidden_size,
-        vocab_size=text.vocab_size,
-        thresholds=[float(t) for t in thresholds],
-    )
 
 
 @dataclass
@@ -400,7 +175,7 @@ class SortedDrafter(SpecDrafterModel):
         The recipe for a drafter whose last exit is the whole source model (``num_layers`` = its depth):
         that exit is exactly the source (e.g. Qwen2.5-Coder-0.5B as the assistant of the 1.5B), and the
         early exits learn to predict it from the frozen backbone's states (trained by distillation from
-        the last exit, :func:`hf_spec.training.losses.exit_distillation_loss`). ``save_pretrained`` writes
+        the last exit, :func:`hf_spec.drafters.s2d.losses.exit_distillation_loss`). ``save_pretrained`` writes
         adapters, norm and draft map only (a few MB); the layers, embedding and head are borrowed from
         the source at bind time as for LoRA (:meth:`add_lora`). Call it on a drafter built with
         :meth:`from_source_model`.
@@ -538,7 +313,7 @@ class SortedDrafter(SpecDrafterModel):
         if source is None and not self._source_problems(target):
             source = target
         if source is None:
-            from ..resources import load_model
+            from ...resources import load_model
 
             name = self.config.source_model_name_or_path
             try:
@@ -717,11 +492,9 @@ class SortedDrafter(SpecDrafterModel):
         return SortedDrafterOutput(loss=loss, logits_per_exit=tuple(logits))
 
     def training_loss(self, logits_per_exit, labels: torch.Tensor) -> torch.Tensor:
-        """Sorted fine-tuning's loss (:func:`~hf_spec.training.losses.sorted_loss` on ``labels``); with exit
-        adapters, the early exits' distillation from the last exit (:func:`~hf_spec.training.losses.exit_distillation_loss`),
+        """Sorted fine-tuning's loss (:func:`~hf_spec.drafters.s2d.losses.sorted_loss` on ``labels``); with exit
+        adapters, the early exits' distillation from the last exit (:func:`~hf_spec.drafters.s2d.losses.exit_distillation_loss`),
         which needs no labels beyond the padding (-100 marks positions left out)."""
-        from ..training.losses import exit_distillation_loss, sorted_loss
-
         if self.config.exit_adapters:
             return exit_distillation_loss(logits_per_exit, labels)
         return sorted_loss(logits_per_exit, self.exit_labels(labels))
@@ -779,234 +552,3 @@ class SortedDrafter(SpecDrafterModel):
             self.unmerge_lora()
         return lm.to(self.device).eval()
 
-
-class SortedDraftingSession(DraftingSession):
-    """Drafting state of one generate() call: adaptive early-exit chain drafting with lazy catch-up.
-
-    Token position t holds committed token x_t; the drafter's output there predicts x_{t+1}.
-    See the module docstring for the KV-cache scheme. ``exit_counts[i]``: draft tokens that
-    left at exit i; ``last_exits``: the exit of each token of the last draft; cost counters
-    ``layer_calls`` (layer forwards, whatever the number of positions) and ``head_calls``;
-    :meth:`record` puts them into the row's stats (``early_exits``).
-    """
-
-    def __init__(self, drafter: SortedDrafter, shape: TreeShape, do_sample, temperature, prompt_ids):
-        self.drafter = drafter
-        self.depth = min(shape.depth, shape.total_tokens)
-        self.min_score = shape.min_score  # log of tree_min_prob: the chain stops below it (None: off)
-        self.do_sample = do_sample
-        self.temperature = temperature if do_sample else 1.0
-        self.thresholds = list(drafter.thresholds)
-        self.segments = drafter.segments
-        self.first_token = prompt_ids[0, :1].to(drafter.device)
-        self.started = False
-        self.cache = compat.full_dynamic_cache()
-        num_segments = len(self.segments)
-        self.done = [0] * num_segments  # positions each segment has processed
-        self.pending = [None] * num_segments  # inputs of segment s for positions done[s]..done[s-1]-1
-        self.committed = 0
-        self.exit_counts = [0] * num_segments
-        self.last_exits: list[int] = []
-        self.layer_calls = 0
-        self.head_calls = 0
-        self.forward_seconds = 0.0
-        self.draft_ids = drafter.draft_ids if drafter.has_draft_vocab else None
-        """Target ids of the draft vocabulary (tokens are drawn among its D columns and mapped back); None: full."""
-
-    def record(self, stats) -> None:
-        super().record(stats)
-        mine = EarlyExitStats(list(self.exit_counts), self.layer_calls, self.head_calls)
-        if stats.early_exits is None:
-            stats.early_exits = mine
-        else:  # another session of the same row (another arm of the speed controller)
-            stats.early_exits.add(mine)
-
-    def _run_segment(self, s: int, hidden: torch.Tensor) -> torch.Tensor:
-        """Segment s over ``hidden`` (n, H), the inputs of positions done[s].. ; returns outputs (n, H)."""
-        start, end = self.segments[s]
-        past, n = self.done[s], hidden.shape[0]
-        positions = torch.arange(past, past + n, device=hidden.device).view(1, -1)
-        mask = causal_mask(past, n, hidden.dtype, hidden.device)
-        out = self.drafter.run_layers(hidden.unsqueeze(0), start, end, positions, mask, self.cache)[0]
-        self.done[s] = past + n
-        self.layer_calls += end - start
-        if s + 1 < len(self.segments):
-            previous = self.pending[s + 1]
-            self.pending[s + 1] = out if previous is None else torch.cat([previous, out])
-        return out
-
-    def _extend(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Embed ``tokens`` at the next positions and run the first segment; the last one's output."""
-        hidden = self.drafter.embed_tokens(tokens.view(-1))
-        return self._run_segment(0, hidden)[-1]
-
-    def _deepen(self, s: int) -> torch.Tensor:
-        """Run segment s on all its pending inputs (lazy catch-up); the newest position's output."""
-        inputs = self.pending[s]
-        self.pending[s] = None
-        return self._run_segment(s, inputs)[-1]
-
-    def _adaptive_exit(self, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Alg. 1's inner loop for the newest position: (logits at the chosen exit, exit index)."""
-        last = len(self.segments) - 1
-        for s in range(last + 1):
-            if s > 0:
-                hidden = self._deepen(s)
-            if s < last and self.thresholds[s] > 1.0:
-                continue  # a confidence never exceeds 1: skip this exit's LM head (fixed deeper sub-model)
-            logits = self.drafter.exit_logits(hidden, s).float()
-            self.head_calls += 1
-            if s == last:
-                return logits, s
-            confidence = float(torch.softmax(logits, dim=-1).max())
-            if confidence >= self.thresholds[s]:  # NaN confidence never exits early
-                return logits, s
-
-    def _rollback(self, length: int) -> None:
-        """Forget every position >= ``length`` (draft tokens), keeping catch-up work on committed ones."""
-        for s, (start, end) in enumerate(self.segments):
-            if s > 0 and self.pending[s] is not None:
-                keep = max(0, length - self.done[s])
-                self.pending[s] = self.pending[s][:keep] if keep else None
-            self.done[s] = min(self.done[s], length)
-            compat.crop_cache_layers(self.cache, range(start, end), self.done[s])
-
-    @torch.no_grad()
-    def propose(self, features, next_tokens: torch.Tensor) -> DraftTree:
-        """Commit ``next_tokens`` (the last is the new root) and draft a chain of ``depth`` tokens."""
-        begin = timing.clock(self.drafter.device)
-        tokens = next_tokens.to(self.first_token.device).view(-1)
-        if not self.started:
-            tokens = torch.cat([self.first_token, tokens])
-            self.started = True
-        hidden = self._extend(tokens)
-        self.committed = self.done[0]
-        root = tokens[-1]
-        drafts, rows, exits = [], [], []
-        score = 0.0
-        try:
-            for d in range(self.depth):
-                logits, s = self._adaptive_exit(hidden)
-                logq = torch.log_softmax(logits / self.temperature, dim=-1)  # (D,) with a draft vocabulary
-                # A broken drafter (NaN/inf) must cost speed, never correctness.
-                logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
-                if not bool(torch.isfinite(logq).any()):
-                    break
-                token, _ = draw_candidates(logq.view(1, -1), 1, self.do_sample)
-                if self.min_score is not None:  # a chain's node score: its cumulative draft log-probability
-                    score = score + float(logq[token.view(())])
-                    if d > 0 and score < self.min_score:
-                        break  # the first draft token is always verified (a dynamic tree's pinned node)
-                token = token.view(1) if self.draft_ids is None else self.draft_ids[token.view(1)]
-                drafts.append(token)
-                rows.append(logq)
-                exits.append(s)
-                self.exit_counts[s] += 1
-                if d + 1 < self.depth:
-                    hidden = self._extend(token)
-        finally:
-            self._rollback(self.committed)
-            self.last_exits = exits
-            self.forward_seconds += timing.clock(self.drafter.device) - begin
-        draft_tokens = torch.cat(drafts) if drafts else root.new_empty(0)
-        tree = DraftTree.chain(root, draft_tokens)
-        if self.do_sample and drafts:  # the draft distributions over the full vocabulary, 0 outside the draft one
-            tree.draft_probs = draft_vocab.full_vocab_probs(torch.stack(rows), self.draft_ids,
-                                                            self.drafter.config.target_vocab_size)  # fmt: skip
-        elif self.do_sample:
-            tree.draft_probs = torch.zeros(0, self.drafter.config.target_vocab_size, device=root.device)
-        return tree
-
-
-# -- threshold search (§4.4.1) ---------------------------------------------------------------------
-def _param_count(module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-def threshold_grid(values, num_exits: int) -> list[list[float]]:
-    """Every combination of ``values`` over the non-final exits (the last gets 0.0), without
-    equivalent duplicates: exits after one with threshold <= 0 are never reached, so theirs are set to 0.0."""
-    out = []
-    for combo in itertools.product([float(v) for v in values], repeat=num_exits - 1):
-        combo = list(combo) + [0.0]
-        first = next(i for i, t in enumerate(combo) if t <= 0.0)
-        combo = combo[: first + 1] + [0.0] * (num_exits - first - 1)
-        if combo not in out:
-            out.append(combo)
-    return out
-
-
-@torch.no_grad()
-def search_thresholds(
-    drafter: SortedDrafter,
-    target: PreTrainedModel,
-    prompts: list[torch.Tensor],
-    candidates: list | None = None,
-    metric: str = "proxy",
-    max_new_tokens: int = 32,
-    record: bool = True,
-    **generate_kwargs,
-):
-    """Pick ``target``'s thresholds on held-out ``prompts`` (greedy), as in §4.4.1.
-
-    Each candidate (one threshold per exit) is scored over all prompts by:
-
-    - ``"tokens_per_second"``: measured new tokens / wall seconds of ``generate()`` (use on a
-      quiet machine, in the dtype you deploy);
-    - ``"proxy"`` (default, deterministic): new tokens per target-forward-equivalent, i.e.
-      τ / cost, with cost = target forwards + drafter work counted in weights read: each layer
-      call costs one drafter layer's parameters and each exit tried one LM head, relative to
-      the target's non-embedding parameters.
-
-    ``candidates`` default: every combination of (0.0, 0.6, 0.8, 0.95, 1.01) over the non-final
-    exits, without duplicates (after a 0.0 the later thresholds are never reached). Returns ``(best_thresholds, results)``, results a list of dicts sorted best first.
-    ``record``: store the best in ``drafter.config.targets`` and make them active.
-    """
-    if metric not in ("proxy", "tokens_per_second"):
-        raise ValueError(f"metric must be 'proxy' or 'tokens_per_second', got {metric!r}.")
-    num_exits = len(drafter.config.exits)
-    if candidates is None:
-        grid = (0.0, 0.6, 0.8, 0.95, 1.01)
-        candidates = threshold_grid(grid, num_exits)
-    if not drafter.is_bound_to(target):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            drafter.bind(target)
-    layer_cost = _param_count(drafter.layers[0])
-    head_cost = drafter.draft_head().weight.numel() if drafter.has_draft_vocab else drafter.lm_head.weight.numel()
-    if drafter.exit_maps is not None:  # an exit tried also runs its adapter (the last has none: a small overcount)
-        head_cost += drafter.exit_maps[0].weight.numel()
-    target_cost = _param_count(target) - target.get_input_embeddings().weight.numel()
-    if getattr(target.config.get_text_config(), "tie_word_embeddings", False):
-        target_cost += target.get_input_embeddings().weight.numel()  # the tied head is still read
-    results = []
-    saved = list(drafter.thresholds)
-    try:
-        for thresholds in candidates:
-            drafter.set_thresholds(thresholds)
-            tokens = cycles = 0
-            drafter_cost = 0.0
-            seconds = 0.0
-            counts = [0] * num_exits
-            for prompt in prompts:
-                start = timing.clock(drafter.device)
-                target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens,
-                                speed_controller=False, **generate_kwargs)  # these thresholds, every cycle
-                seconds += timing.clock(drafter.device) - start
-                stats = drafter.last_generation_stats
-                exits = stats.early_exits
-                tokens += stats.new_tokens
-                cycles += stats.cycles + 1  # + the prefill
-                drafter_cost += exits.layer_calls * layer_cost + exits.head_calls * head_cost
-                counts = [a + b for a, b in zip(counts, exits.exit_counts)]
-            proxy = tokens / (cycles + drafter_cost / target_cost)
-            results.append(dict(thresholds=list(thresholds), proxy=proxy, tokens_per_second=tokens / max(seconds, 1e-9),
-                                new_tokens=tokens, cycles=cycles, exit_counts=counts))  # fmt: skip
-    finally:
-        drafter.thresholds = saved
-    results.sort(key=lambda r: -r[metric])
-    best = results[0]["thresholds"]
-    if record:
-        drafter.config.set_target_thresholds(target.config, best)
-        drafter.set_thresholds(best)
-    return best, results

@@ -24,46 +24,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import timing
-from ..cache import crop_to
-from ..tree.static import StaticTreeShape, build_static_tree, static_tree_size
-from ..tree.tree import DraftTree, causal_mask
-from .eagle import EagleDrafter, EagleDrafterConfig, EagleDrafterOutput, EagleDraftingSession
-
-DEFAULT_TREE_WIDTHS = (4, 2, 2, 1, 1)
-"""Children per expanded node at depths 1..5 (paper A.3: wide near the root, narrowing)."""
-
-
-class ParallelDrafterConfig(EagleDrafterConfig):
-    """Config of :class:`ParallelDrafter`.
-
-    Args:
-        num_mask_tokens: k, the number of ``[MASK]`` embeddings; one forward drafts k+1 depths.
-        tree_widths: children per expanded node at depths 1..len(tree_widths) (<= k+1) of the
-            static draft tree. Every drafted node above the last depth is expanded, so the tree
-            has w1 + w1*w2 + ... nodes (default (4, 2, 2, 1, 1): 60).
-        Other fields: as :class:`EagleDrafterConfig`. ``tree_depth``/``tree_top_k``/
-        ``tree_total_tokens`` default to the widths' depth, first width and tree size.
-    """
-
-    model_type = "hf_spec_parallel"
-    default_training_method = "parallelspec"
-
-    def __init__(self, num_mask_tokens: int = 4, tree_widths=None, **kwargs):
-        self.num_mask_tokens = int(num_mask_tokens)
-        if self.num_mask_tokens < 1:
-            raise ValueError(f"num_mask_tokens must be >= 1, got {num_mask_tokens!r}.")
-        widths = list(tree_widths) if tree_widths is not None else list(DEFAULT_TREE_WIDTHS[: self.num_mask_tokens + 1])
-        if len(widths) > self.num_mask_tokens + 1:
-            raise ValueError(
-                f"tree_widths has {len(widths)} depths but {self.num_mask_tokens} [MASK] tokens draft at most "
-                f"{self.num_mask_tokens + 1}. Fix: shorten tree_widths or raise num_mask_tokens."
-            )
-        self.tree_widths = widths
-        kwargs.setdefault("tree_depth", len(widths))
-        kwargs.setdefault("tree_top_k", widths[0] if widths else 1)
-        kwargs.setdefault("tree_total_tokens", static_tree_size(widths)[0])
-        super().__init__(**kwargs)
+from ...tree.static import StaticTreeShape, static_tree_size
+from ..eagle.model import EagleDrafter, EagleDrafterOutput
+from .config import ParallelDrafterConfig
+from .session import ParallelDraftingSession
 
 
 class ParallelDrafter(EagleDrafter):
@@ -150,58 +114,3 @@ class ParallelDrafter(EagleDrafter):
             shape = self.tree_shape(shape.depth, None, shape.total_tokens)
         return ParallelDraftingSession(self, shape, do_sample, temperature, prompt_ids)
 
-
-class ParallelDraftingSession(EagleDraftingSession):
-    """Drafting state of one generate() call: the drafter's KV cache of committed pairs.
-
-    Each :meth:`propose` runs ONE drafter forward over the newly committed pairs (the last is
-    the root pair) followed by ``[MASK]_1..[MASK]_{D-1}`` for a tree of depth D <= k+1, builds
-    the static tree from the D distributions, and crops the masks' KV entries away again.
-    Masks deeper than the tree are not run: a mask attends only to the context and the
-    earlier masks, so dropping later ones changes no distribution the tree uses.
-    """
-
-    def __init__(self, drafter: ParallelDrafter, shape: StaticTreeShape, do_sample: bool, temperature: float,
-                 prompt_ids=None):  # fmt: skip
-        super().__init__(drafter, shape, do_sample, temperature, prompt_ids)
-        self.num_masks = min(drafter.num_mask_tokens, shape.depth - 1)
-        """[MASK] positions run per cycle: the tree's depth - 1."""
-        self.last_logq = None
-        """(num_masks + 1, V) draft log-probabilities of the last cycle (root pair, then each mask)."""
-
-    def draft_distributions(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
-        """Commit the pairs and return the (num_masks + 1, V) draft log-probabilities of the next depths."""
-        start = timing.clock(features.device)
-        device = features.device
-        m, k = features.shape[0], self.num_masks
-        tokens = torch.cat([next_tokens.long(), torch.zeros(k, dtype=torch.long, device=device)])
-        mask_ids = torch.cat([torch.zeros(m, dtype=torch.long, device=device),
-                              torch.arange(1, k + 1, device=device)])  # fmt: skip
-        feats = torch.cat([features, features.new_zeros(k, features.shape[-1])])
-        positions = torch.arange(self.committed, self.committed + m + k, device=device)
-        try:
-            out = self.drafter(
-                input_ids=tokens.view(1, -1),
-                hidden_states=feats.unsqueeze(0),
-                position_ids=positions.view(1, -1),
-                attention_mask=causal_mask(self.committed, m + k, features.dtype, device),
-                past_key_values=self.cache,
-                use_cache=True,
-                mask_ids=mask_ids.view(1, -1),
-            )
-        finally:
-            self.committed += m
-            crop_to(self.cache, self.committed)  # the masks' KV entries never stay
-        hidden = out.last_hidden_state[0, m - 1 :]
-        logq = self.drafter.draft_log_probs(hidden, self.temperature)  # draft vocabulary rows only, if it has one
-        # A broken drafter (NaN/inf weights) must cost speed, never correctness.
-        logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
-        self.forward_seconds += timing.clock(features.device) - start
-        self.last_logq = logq
-        return logq
-
-    def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
-        """Commit the pairs and draft a static tree rooted at ``next_tokens[-1]``."""
-        logq = self.draft_distributions(features, next_tokens)
-        return build_static_tree(int(next_tokens[-1]), logq, self.shape.widths, self.do_sample,
-                                 total_tokens=self.shape.total_tokens)  # fmt: skip

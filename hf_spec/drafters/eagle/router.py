@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
-from ..draft_vocab import frequency_order  # noqa: F401  (re-exported: the router's token order)
+from ...draft_vocab import frequency_order  # noqa: F401  (re-exported: the router's token order)
 
 
 class LMHeadRouter(nn.Module):
