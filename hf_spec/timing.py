@@ -43,22 +43,30 @@ class Stopwatch:
         self._seconds = 0.0
         self._pending: list = []
 
+    def start(self):
+        """Open a region; returns what :meth:`stop` takes (an event on CUDA, a perf_counter reading elsewhere)."""
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def stop(self, started) -> None:
+        """Close the region :meth:`start` opened."""
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((started, end))
+        else:
+            self._seconds += time.perf_counter() - started
+
     @contextlib.contextmanager
     def __call__(self):
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            try:
-                yield
-            finally:
-                end.record()
-                self._pending.append((start, end))
-        else:
-            start = time.perf_counter()
-            try:
-                yield
-            finally:
-                self._seconds += time.perf_counter() - start
+        started = self.start()
+        try:
+            yield
+        finally:
+            self.stop(started)
 
     @property
     def seconds(self) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import timing
 from ..tree.tree import DraftTree
 
 
@@ -31,8 +32,8 @@ class DraftingSession:
 
     supports_router: bool = False
 
-    forward_seconds: float = 0.0
-    """Seconds spent drafting (drafter forwards, n-gram lookups), accumulated by :meth:`propose`."""
+    watch: timing.Stopwatch | None = None
+    """Times the drafting work (:meth:`start_timing` / :meth:`stop_timing`); made at the first use."""
     use_router: bool | None = None
     """Draft through the LM-head router (None: the session has none); only when ``supports_router``."""
     wants_verify_costs: bool = False
@@ -51,6 +52,21 @@ class DraftingSession:
         drafter reads of them; token-level drafters ignore them); ``next_tokens`` (m,): the token
         that follows each; the last one is the new root of the returned tree."""
         raise NotImplementedError
+
+    @property
+    def forward_seconds(self) -> float:
+        """Seconds spent drafting (drafter forwards, n-gram lookups), timed by :meth:`propose` (on CUDA with
+        events: no host sync per forward)."""
+        return self.watch.seconds if self.watch is not None else 0.0
+
+    def start_timing(self, device):
+        """Open a timed region of drafting work on ``device``; pass the result to :meth:`stop_timing`."""
+        if self.watch is None:
+            self.watch = timing.Stopwatch(device)
+        return self.watch.start()
+
+    def stop_timing(self, started) -> None:
+        self.watch.stop(started)
 
     def record(self, stats) -> None:
         """Add this session's counters to its row's :class:`~hf_spec.stats.GenerationStats` at the end of a call."""

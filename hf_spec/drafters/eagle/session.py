@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import compat, timing
+from ... import compat
 from ...cache import crop_to
 from ...tree.dynamic import Frontier, TreeShape, grow_dynamic_tree
 from ...tree.tree import DraftTree, causal_mask
@@ -29,7 +29,6 @@ class EagleDraftingSession(DraftingSession):
         self.temperature = temperature if do_sample else 1.0
         self.cache = compat.full_dynamic_cache()
         self.committed = 0
-        self.forward_seconds = 0.0
         self.use_router = drafter.router is not None and bool(drafter.config.use_router)
         draft_ids = drafter.draft_ids  # derived from the d2t buffer on each access: read once
         self.vocab_ids = draft_ids if draft_ids is not None and draft_ids.numel() >= shape.top_k else None
@@ -43,7 +42,7 @@ class EagleDraftingSession(DraftingSession):
 
     def _run(self, tokens, features, positions, mask, last_only: bool = False):
         """One drafter forward; log-probabilities for every row, or for the last one only."""
-        start = timing.clock(self.drafter.device)
+        start = self.start_timing(self.drafter.device)
         out = self.drafter(
             input_ids=tokens.view(1, -1),
             hidden_states=features.unsqueeze(0),
@@ -59,7 +58,7 @@ class EagleDraftingSession(DraftingSession):
         # A broken drafter (NaN/inf weights) must cost speed, never correctness: such rows
         # propose nothing, and verification falls back to the target alone.
         logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
-        self.forward_seconds += timing.clock(self.drafter.device) - start
+        self.stop_timing(start)
         return hidden, logq
 
     def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:

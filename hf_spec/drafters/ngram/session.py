@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from ... import timing
 from ...tree.dynamic import TreeShape
 from ...tree.tree import DraftTree
 from ..session import DraftingSession
@@ -34,7 +33,6 @@ class NGramDraftingSession(DraftingSession):
         self.max_nodes = max(shape.total_tokens, config.copy_nodes)  # the largest trie it drafts
         self.index = NGramIndex(config.min_match, config.max_match)
         self.index.extend(prompt_ids[0, :1].tolist())
-        self.forward_seconds = 0.0
 
     def use_verify_costs(self, verify_ms: dict[int, float]) -> None:
         """Size the tries by this machine's measured verification costs of the target (``verify_ms``: tree size ->
@@ -43,7 +41,7 @@ class NGramDraftingSession(DraftingSession):
 
     def propose(self, features: torch.Tensor | None, next_tokens: torch.Tensor) -> DraftTree:
         """Index ``next_tokens`` and draft the trie of continuations under ``next_tokens[-1]``."""
-        start = timing.clock(next_tokens.device)
+        start = self.start_timing(next_tokens.device)
         self.index.extend(next_tokens.tolist())
         shape = self.shape
         longest = self.copy_depth if self.copy_nodes else shape.depth  # continuations long enough for a copy
@@ -53,6 +51,6 @@ class NGramDraftingSession(DraftingSession):
         nodes, depth = (max(shape.total_tokens, copy), longest) if copy else (shape.total_tokens, shape.depth)
         trie = scored_trie(continuations, nodes, depth, shape.top_k, self.node_cost)
         tree = trie_to_draft_tree(int(next_tokens[-1]), trie, device=next_tokens.device)
-        self.forward_seconds += timing.clock(next_tokens.device) - start
+        self.stop_timing(start)
         return tree
 

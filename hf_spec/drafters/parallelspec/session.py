@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from ... import timing
 from ...cache import crop_to
 from ...tree.static import StaticTreeShape, build_static_tree
 from ...tree.tree import DraftTree, causal_mask
@@ -32,7 +31,7 @@ class ParallelDraftingSession(EagleDraftingSession):
 
     def draft_distributions(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """Commit the pairs and return the (num_masks + 1, V) draft log-probabilities of the next depths."""
-        start = timing.clock(features.device)
+        start = self.start_timing(features.device)
         device = features.device
         m, k = features.shape[0], self.num_masks
         tokens = torch.cat([next_tokens.long(), torch.zeros(k, dtype=torch.long, device=device)])
@@ -57,7 +56,7 @@ class ParallelDraftingSession(EagleDraftingSession):
         logq = self.drafter.draft_log_probs(hidden, self.temperature)  # draft vocabulary rows only, if it has one
         # A broken drafter (NaN/inf weights) must cost speed, never correctness.
         logq = torch.nan_to_num(logq, nan=float("-inf"), posinf=float("-inf"), neginf=float("-inf"))
-        self.forward_seconds += timing.clock(features.device) - start
+        self.stop_timing(start)
         self.last_logq = logq
         return logq
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import compat, draft_vocab, timing
+from ... import compat, draft_vocab
 from ...stats import EarlyExitStats
 from ...tree.dynamic import TreeShape, draw_candidates
 from ...tree.tree import DraftTree, causal_mask
@@ -41,7 +41,6 @@ class SortedDraftingSession(DraftingSession):
         self.last_exits: list[int] = []
         self.layer_calls = 0
         self.head_calls = 0
-        self.forward_seconds = 0.0
         self.draft_ids = drafter.draft_ids if drafter.has_draft_vocab else None
         """Target ids of the draft vocabulary (tokens are drawn among its D columns and mapped back); None: full."""
 
@@ -106,7 +105,7 @@ class SortedDraftingSession(DraftingSession):
     @torch.no_grad()
     def propose(self, features, next_tokens: torch.Tensor) -> DraftTree:
         """Commit ``next_tokens`` (the last is the new root) and draft a chain of ``depth`` tokens."""
-        begin = timing.clock(self.drafter.device)
+        begin = self.start_timing(self.drafter.device)
         tokens = next_tokens.to(self.first_token.device).view(-1)
         if not self.started:
             tokens = torch.cat([self.first_token, tokens])
@@ -139,7 +138,7 @@ class SortedDraftingSession(DraftingSession):
         finally:
             self._rollback(self.committed)
             self.last_exits = exits
-            self.forward_seconds += timing.clock(self.drafter.device) - begin
+            self.stop_timing(begin)
         draft_tokens = torch.cat(drafts) if drafts else root.new_empty(0)
         tree = DraftTree.chain(root, draft_tokens)
         if self.do_sample and drafts:  # the draft distributions over the full vocabulary, 0 outside the draft one
