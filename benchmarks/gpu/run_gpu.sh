@@ -52,7 +52,7 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,dr
 
 # 3. the cuda-marked tests
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${TESTS_TIMEOUT_S:-100}" $PY -m pytest -q -m cuda -p no:cacheprovider tests/ > "$OUT/cuda_tests.txt" 2>&1
+  timeout "${TESTS_TIMEOUT_S:-100}" $PY -m pytest -q -o addopts="" -m cuda -p no:cacheprovider tests/ > "$OUT/cuda_tests.txt" 2>&1
   rc=$?
   log "cuda tests rc=$rc$([ $rc = 124 ] && echo ' (timed out)'): $(tail -1 "$OUT/cuda_tests.txt")"
 fi
