@@ -129,3 +129,20 @@ def test_static_cache_on_cuda_compiles_and_matches_plain_greedy(dtype):
         assert torch.equal(out, expected)
     else:
         assert torch.equal(out[:, : prompt.shape[1] + 8], expected[:, : prompt.shape[1] + 8])
+
+
+def test_a_compiled_call_gives_the_drafter_the_same_layer_inputs_as_the_hooks():
+    """A compiled verify forward takes EAGLE-3's fused layer inputs from ``output_hidden_states`` (hooks would
+    recompile it): the same features as the hooks capture on the eager path."""
+    from hf_spec.decoding import _Target
+
+    model = make_target("llama", num_hidden_layers=4)
+    prompt = random_prompt(12)
+    layers = (0, 2, 3)
+    hooked, called = _Target(model, layers), _Target(model, layers)
+    with torch.no_grad():
+        out = hooked.forward(prompt, None)
+        out_call = called.forward(prompt, None, call=model.base_model.__call__)  # what torch.compile wraps
+    torch.testing.assert_close(out_call, out)
+    assert hooked.drafter_features.shape == (1, 12, 3 * model.config.hidden_size)
+    torch.testing.assert_close(called.drafter_features, hooked.drafter_features)
