@@ -516,3 +516,31 @@ def test_growing_a_trained_drafter_keeps_its_function_and_generation_exact(featu
     assert torch.equal(plain, spec)
     with pytest.raises(ValueError, match="EagleDrafter"):
         grow_layers(hf_spec.ParallelDrafter.from_target(target), 2)
+
+
+def test_training_overfits_the_targets_own_answers_and_generate_accepts_them(tmp_path):
+    """Train -> inference alignment in seconds: self-distil a few answers (features recorded as decoding sees
+    them), train EAGLE on them with the Trainer and collator the scripts use, then decode those prompts. A drafter
+    that memorised its data is accepted almost everywhere, unless training and decoding disagree about which
+    feature goes with which token (a shifted label, a pre-/post-norm feature, a dropped first pair), which would
+    leave training accuracy high and acceptance at zero."""
+    from hf_spec.training.distill import distill_features, first_turn_prompts
+
+    tok = tiny_chat_tokenizer()
+    target = make_target("llama", vocab_size=len(tok), seed=2)
+    conversations = _conversations(4, seed=5)
+    path = distill_features(target, tok, conversations, str(tmp_path / "features"), max_new_tokens=24,
+                            max_prompt_tokens=32, batch_size=4, storage="float32")  # fmt: skip
+    trainer = _trainer(EagleTrainer, EagleTrainingArguments, target, path, tmp_path / "run", max_steps=300,
+                       per_device_train_batch_size=4, feature_noise=0.0)  # fmt: skip
+    trainer.train()
+    drafter = trainer.model.eval()
+    taus = []
+    for prompt in first_turn_prompts(tok, conversations, 32):
+        ids = torch.tensor([prompt["prompt_ids"]])
+        expected = target.generate(ids, max_new_tokens=16, do_sample=False)
+        out = target.generate(ids, assistant_model=drafter, max_new_tokens=16, do_sample=False, tree_depth=4,
+                              tree_top_k=1, tree_total_tokens=4)  # fmt: skip
+        assert torch.equal(out, expected)
+        taus.append(drafter.last_generation_stats.tau)
+    assert min(taus) > 3.0, taus  # of 5 at most (features shifted by one position in training: 2.3-3.4)
