@@ -193,6 +193,22 @@ def test_remote_code_rejects_package_imports():
         remote_code.module_closure(["hf_spec.tree.nope"])
 
 
+@pytest.mark.parametrize("model_type", sorted(hf_spec.DRAFTER_CLASSES))
+def test_remote_code_of_every_registered_family(model_type):
+    """The remote-code set of each family in the registry starts from its classes' own modules (no family is
+    named in remote_code), holds no hub module, and its entry module and auto_map name the registry's classes."""
+    config_class, model_class = hf_spec.DRAFTER_CLASSES[model_type]
+    files = remote_code.remote_code_files(model_class, config_class)
+    model_file, config_file = (remote_code.flat_name(c.__module__) for c in (model_class, config_class))
+    assert {f"{model_file}.py", f"{config_file}.py"} <= set(files)
+    assert not any(name.startswith("hf_spec_hub") for name in files)
+    entry = files[f"{remote_code.ENTRY_MODULE}.py"]
+    assert f"from .{model_file} import {model_class.__name__} as _{model_class.__name__}" in entry
+    assert f"from .{config_file} import {config_class.__name__} as _{config_class.__name__}" in entry
+    assert remote_code.auto_map(model_class, config_class) == {
+        "AutoConfig": f"modeling_hf_spec.{config_class.__name__}", "AutoModel": f"modeling_hf_spec.{model_class.__name__}"}
+
+
 # -- model cards ---------------------------------------------------------------------------------
 def test_templates_exist_for_every_method():
     assert set(METHODS) <= set(cards.available_methods())

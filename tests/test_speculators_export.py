@@ -226,6 +226,27 @@ def test_fc_bias_and_other_families_name_the_fix(tmp_path):
         export.export_speculators(saved, tmp_path / "s")
 
 
+def test_export_looks_families_up_in_one_table(tmp_path):
+    """EXPORTERS and NOT_EXPORTABLE name registered families; any other registered type raises a ValueError naming
+    the exportable types (model_type, class, speculators type) before reading its weights' layout."""
+    assert set(export.EXPORTERS) == {"hf_spec_eagle3", "hf_spec_eagle"}
+    assert set(export.EXPORTERS) | set(export.NOT_EXPORTABLE) <= set(hf_spec.DRAFTER_CLASSES)
+    assert not set(export.EXPORTERS) & set(export.NOT_EXPORTABLE)
+    others = sorted(set(hf_spec.DRAFTER_CLASSES) - set(export.EXPORTERS) - set(export.NOT_EXPORTABLE))
+    assert others == ["hf_spec_ngram", "hf_spec_sorted"]
+    for model_type in others + ["not_a_drafter"]:
+        saved = tmp_path / model_type
+        saved.mkdir()
+        (saved / "config.json").write_text(json.dumps({"model_type": model_type}))
+        save_file({"w": torch.zeros(1)}, str(saved / "model.safetensors"))
+        with pytest.raises(ValueError) as err:
+            export.export_speculators(saved, tmp_path / "out")
+        message = str(err.value)
+        assert f"{model_type!r} drafters have no speculators counterpart" in message
+        assert "hf_spec_eagle3 (Eagle3Drafter, as eagle3)" in message and "hf_spec_eagle (EagleDrafter, as eagle" in message
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_export(tmp_path):
     from hf_spec.cli import main
 

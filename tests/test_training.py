@@ -469,6 +469,18 @@ def test_training_script_parses_its_arguments(script):
     assert result.stdout.lstrip().startswith("usage:")
 
 
+def test_training_methods_read_their_drafter_class_from_the_registry():
+    """train_drafter's methods name a family by ``model_type``; its class is the registry's, and an unknown method
+    is refused (before any target or data is loaded) naming the methods."""
+    from hf_spec.training.pipeline import METHODS, method_drafter_class, train_drafter
+
+    assert {m: method_drafter_class(m) for m in METHODS} == {
+        "eagle": hf_spec.EagleDrafter, "hass": hf_spec.EagleDrafter, "coral": hf_spec.EagleDrafter,
+        "eagle3": hf_spec.Eagle3Drafter, "parallelspec": hf_spec.ParallelDrafter}  # fmt: skip
+    with pytest.raises(ValueError, match=r"method must be one of \['coral', 'eagle', 'eagle3', 'hass', 'parallelspec'\], got 's2d'"):
+        train_drafter("s2d", None, None)
+
+
 def test_warm_start_keeps_weights_and_draft_vocab_and_rejects_another_family(feature_cache, tmp_path):
     """``--init_drafter``: continuing a trained drafter on new data starts from exactly its weights and draft
     vocabulary, in float32, bound to the target; a checkpoint of another family is refused with the fix."""

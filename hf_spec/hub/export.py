@@ -39,7 +39,9 @@ What exports, checked by loading every export with the real ``speculators`` 0.9.
   that type) load.
 
 Works without the drafter classes: :func:`export_speculators` accepts a drafter object or the
-directory of a saved hf-spec drafter (only ``config.json`` + ``model.safetensors`` are read).
+directory of a saved hf-spec drafter (only ``config.json`` + ``model.safetensors`` are read), and looks
+its family up by ``model_type`` in one table, :data:`EXPORTERS` (:data:`NOT_EXPORTABLE` holds the reasons
+of the families above that do not export); any other type raises a ValueError naming the exportable ones.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..drafters.registry import drafter_classes
 from ..hardware import dtype_name
 
 SPECULATORS_VERSION = "0.9.0"
@@ -65,6 +68,7 @@ EAGLE3_TENSORS = ("fc.", "layers.0.", "norm.", "lm_head.", "d2t", "t2d")
 _EAGLE_MODEL_TYPES = ("hf_spec_eagle",)
 _EAGLE3_MODEL_TYPE = "hf_spec_eagle3"
 _PARALLEL_MODEL_TYPE = "hf_spec_parallel"
+"""The families this module knows by ``model_type``; their classes come from :mod:`hf_spec.drafters.registry`."""
 
 PARALLEL_NOT_EXPORTABLE = (
     "ParallelSpec drafters do not export to speculators: its 'peagle' (P-EAGLE) type is EAGLE-3's drafter "
@@ -183,7 +187,8 @@ def eagle3_config(config: dict, speculative_tokens: int | None = None, dtype: st
     return out
 
 
-def _export_eagle3(config, weights, out_dir, speculative_tokens, verifier_name_or_path) -> dict[str, str]:
+def _export_eagle3(config, weights, out_dir, speculative_tokens, verifier_name_or_path, legacy_eagle) -> dict[str, str]:
+    """The ``eagle3`` export (``legacy_eagle`` is for EAGLE-1 drafters: an EAGLE-3 drafter has one layout)."""
     unknown = sorted(k for k in weights if not k.startswith(EAGLE3_TENSORS))
     if unknown:
         raise ValueError(f"Weights {unknown} have no counterpart in the speculators eagle3 format.")
@@ -258,6 +263,32 @@ def _export_legacy_eagle(config, weights, out_dir, speculative_tokens, verifier_
     return mapping
 
 
+def _export_eagle(config, weights, out_dir, speculative_tokens, verifier_name_or_path, legacy_eagle) -> dict[str, str]:
+    """The legacy ``eagle`` export when asked for (``legacy_eagle``); otherwise :data:`EAGLE_NOT_EXPORTABLE`."""
+    if not legacy_eagle:
+        raise ValueError(EAGLE_NOT_EXPORTABLE)
+    return _export_legacy_eagle(config, weights, out_dir, speculative_tokens, verifier_name_or_path)
+
+
+# -- the table ------------------------------------------------------------------------------------
+EXPORTERS = {
+    _EAGLE3_MODEL_TYPE: ("eagle3", _export_eagle3),
+    _EAGLE_MODEL_TYPES[0]: ("eagle (speculators 0.1-0.4, with legacy_eagle=True)", _export_eagle),
+}
+"""``model_type`` of an hf-spec family -> (the speculators type it exports as, exporter). An exporter is called
+as ``exporter(config, weights, out_dir, speculative_tokens, verifier_name_or_path, legacy_eagle)`` (``config``
+the drafter's ``config.json`` as a dict, ``weights`` its tensors) and returns the weight-name mapping."""
+
+NOT_EXPORTABLE = {_PARALLEL_MODEL_TYPE: PARALLEL_NOT_EXPORTABLE}
+"""``model_type`` -> why a family that looks exportable is not (the error :func:`export_speculators` raises)."""
+
+
+def exportable_types() -> str:
+    """The exportable families, for error messages: ``hf_spec_eagle3 (Eagle3Drafter, as eagle3), ...``."""
+    return ", ".join(f"{model_type} ({drafter_classes(model_type)[1].__name__}, as {speculators_type})"
+                     for model_type, (speculators_type, _) in EXPORTERS.items())  # fmt: skip
+
+
 # -- entry point ----------------------------------------------------------------------------------
 def export_speculators(drafter_or_path, out_dir: str | os.PathLike, *, speculative_tokens: int | None = None,
                        verifier_name_or_path: str | None = None, legacy_eagle: bool = False) -> dict[str, str]:  # fmt: skip
@@ -279,13 +310,11 @@ def export_speculators(drafter_or_path, out_dir: str | os.PathLike, *, speculati
     """
     config, weights = _load(drafter_or_path)
     model_type = config.get("model_type")
-    if model_type == _EAGLE3_MODEL_TYPE:
-        return _export_eagle3(config, weights, out_dir, speculative_tokens, verifier_name_or_path)
-    if model_type == _PARALLEL_MODEL_TYPE:
-        raise ValueError(PARALLEL_NOT_EXPORTABLE)
-    if model_type in _EAGLE_MODEL_TYPES:
-        if not legacy_eagle:
-            raise ValueError(EAGLE_NOT_EXPORTABLE)
-        return _export_legacy_eagle(config, weights, out_dir, speculative_tokens, verifier_name_or_path)
-    raise ValueError(f"{model_type!r} drafters have no speculators counterpart; only Eagle3Drafter exports "
-                     "(as eagle3). Fix: train an EAGLE-3 drafter (training_scripts/train_eagle3.py) and export that.")
+    if model_type in NOT_EXPORTABLE:
+        raise ValueError(NOT_EXPORTABLE[model_type])
+    if model_type not in EXPORTERS:
+        raise ValueError(f"{model_type!r} drafters have no speculators counterpart; the exportable types are "
+                         f"{exportable_types()}. Fix: train an EAGLE-3 drafter (training_scripts/train_eagle3.py) "
+                         "and export that.")  # fmt: skip
+    exporter = EXPORTERS[model_type][1]
+    return exporter(config, weights, out_dir, speculative_tokens, verifier_name_or_path, legacy_eagle)

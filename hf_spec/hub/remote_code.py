@@ -17,8 +17,10 @@ So at save time this module generates a *self-contained, flat module set* from t
 hf_spec source (never hand-copied, so the remote code always matches the package that wrote the
 weights):
 
-1. Start from the modules that define the drafter's model and config classes and follow their
-   hf_spec imports (relative, or absolute ``hf_spec.*``) to the closure of needed modules.
+1. Start from the modules that define the drafter's model and config classes (their ``__module__``:
+   no family or path is named here, so every family of :data:`hf_spec.drafters.registry.DRAFTER_CLASSES`
+   works as registered) and follow their hf_spec imports (relative, or absolute ``hf_spec.*``) to the
+   closure of needed modules.
    Package ``__init__`` files are never needed: only modules are imported.
 2. Write each module ``hf_spec.a.b`` as ``hf_spec_a_b.py`` with every hf_spec import rewritten
    to the flat form: ``from ..tree.dynamic import X`` -> ``from .hf_spec_tree_dynamic import X``;

@@ -20,11 +20,11 @@ import torch
 from transformers.trainer_utils import get_last_checkpoint
 
 from .. import draft_vocab
-from ..drafters import EagleDrafter, ParallelDrafter
+from ..drafters import EagleDrafter
 from ..drafters.auto import AutoDrafter
 from ..drafters.eagle.router import frequency_order
 from ..drafters.eagle3.config import default_aux_layer_ids
-from ..drafters.eagle3.model import Eagle3Drafter
+from ..drafters.registry import drafter_classes
 from ..hardware import resolve_dtype
 from ..resources import cache_dir
 from .collators import FeatureCollator
@@ -41,14 +41,24 @@ from .data import (
 from .parallelspec import ParallelTrainer
 from .trainers import CoralTrainer, Eagle3Trainer, EagleTrainer, HassTrainer, RouterTrainer
 
+_EAGLE, _EAGLE3, _PARALLEL = "hf_spec_eagle", "hf_spec_eagle3", "hf_spec_parallel"
 METHODS = {
-    "eagle": (EagleDrafter, EagleTrainer),
-    "hass": (EagleDrafter, HassTrainer),
-    "coral": (EagleDrafter, CoralTrainer),
-    "eagle3": (Eagle3Drafter, Eagle3Trainer),
-    "parallelspec": (ParallelDrafter, ParallelTrainer),
+    "eagle": (_EAGLE, EagleTrainer),
+    "hass": (_EAGLE, HassTrainer),
+    "coral": (_EAGLE, CoralTrainer),
+    "eagle3": (_EAGLE3, Eagle3Trainer),
+    "parallelspec": (_PARALLEL, ParallelTrainer),
 }
-"""training method -> (drafter class, Trainer class)."""
+"""training method -> (``model_type`` of the drafter family it trains, Trainer class). The family's classes come
+from :mod:`hf_spec.drafters.registry` (:func:`method_drafter_class`), the table loading, conversion, export and
+cards read too."""
+
+
+def method_drafter_class(method: str) -> type:
+    """The drafter class ``method`` trains: the model class the registry holds for its family's ``model_type``."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
+    return drafter_classes(METHODS[method][0])[1]
 
 
 @dataclass
@@ -215,7 +225,7 @@ def train_router(drafter_path: str, data_args: DataArguments, training_args) -> 
     token-frequency order (of its draft vocabulary, if it has one), train only the router (drafter frozen) and save the drafter with it."""
     target, tokenizer, cache, dataset, storage = prepare_features(data_args, training_args)
     target = target.float()
-    drafter = EagleDrafter.from_pretrained(drafter_path).bind(target)
+    drafter = method_drafter_class("coral").from_pretrained(drafter_path).bind(target)
     drafter.config.training_method = "coral"
     counts = assistant_token_counts(dataset, drafter.config.target_vocab_size)
     if drafter.has_draft_vocab:  # the router's groups partition the draft vocabulary (D indices)
@@ -239,12 +249,11 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
     """Cache features if needed, then train (or resume) a feature drafter with ``method``'s
     Trainer and save it. ``drafter_config``: extra config fields of the drafter class
     (e.g. ParallelSpec's ``num_mask_tokens``)."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
-    drafter_class, trainer_class = METHODS[method]
+    drafter_class = method_drafter_class(method)
+    model_type, trainer_class = METHODS[method]
     start = time.time()
     aux_layer_ids = None
-    if drafter_class is Eagle3Drafter:  # the layers it fuses: given, or EAGLE-3's default (2, L//2, L-3)
+    if model_type == _EAGLE3:  # the layers it fuses: given, or EAGLE-3's default (2, L//2, L-3)
         given = drafter_config.get("eagle_aux_hidden_state_layer_ids")
         aux_layer_ids = given or (lambda t: default_aux_layer_ids(t.config.get_text_config().num_hidden_layers))
     target, tokenizer, cache, dataset, storage = prepare_features(data_args, training_args, aux_layer_ids)
