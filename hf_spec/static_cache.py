@@ -2,9 +2,9 @@
 
 ``generate(..., assistant_model=drafter, cache_implementation="static")`` selects this layout for one unpadded
 prompt, as the same option selects transformers' :class:`~transformers.StaticCache` for plain decoding. The target
-verifies every tree in a :class:`~transformers.StaticCache` of ``max_length`` + the largest bucket positions: the
-tree is padded to a power-of-two size (a *bucket*), the 4D mask spans the whole preallocated cache and is built on
-the device, and after the walk the accepted nodes' keys and values move down in place to follow the prefix (the
+verifies every tree in a :class:`~transformers.StaticCache` of ``max_length`` (rounded up) + the largest bucket
+positions: the tree is padded to a power-of-two size (a *bucket*), the 4D mask spans the whole preallocated cache
+and is built on the device, and after the walk the accepted nodes' keys and values move down in place to follow the prefix (the
 padding's and rejected nodes' slots are masked out and overwritten by the next forward). So each verification
 forward has one of a handful of shapes, and its tensors keep their addresses: what ``torch.compile`` needs to
 compile it once per bucket and, on CUDA with ``mode="reduce-overhead"``, to replay it as a CUDA graph.
@@ -28,11 +28,20 @@ from transformers import CompileConfig, StaticCache
 from . import compat
 from .tree.tree import DraftTree, additive_mask
 
-__all__ = ["MAX_BUCKET", "StaticTreeCache", "bucket_size", "static_layout", "wants_static_cache"]
+__all__ = ["MAX_BUCKET", "StaticTreeCache", "bucket_size", "cache_length", "static_layout", "wants_static_cache"]
 
 MAX_BUCKET = 256
 """The largest forward a static layout verifies (a tree of up to this many nodes, the root included); the cache
 holds this many positions beyond the call's ``max_length``."""
+LENGTH_STEP = 256
+"""The cache's length is the call's ``max_length`` rounded up to a multiple of this (plus :data:`MAX_BUCKET`): the
+mask's width is a compiled graph's shape, so calls of nearby lengths reuse one graph per bucket instead of
+compiling again (and running into ``torch._dynamo``'s recompile limit)."""
+
+
+def cache_length(max_length: int) -> int:
+    """Positions a static layout preallocates for a call of ``max_length`` positions."""
+    return -(-max_length // LENGTH_STEP) * LENGTH_STEP + MAX_BUCKET
 
 
 def bucket_size(nodes: int) -> int:
@@ -94,7 +103,7 @@ class StaticTreeCache:
                 "cache_implementation='static' with an hf-spec drafter does not support targets with a sliding "
                 "attention window. Fix: drop cache_implementation (the default dynamic cache supports them)."
             )
-        self.length = max_length + MAX_BUCKET
+        self.length = cache_length(max_length)
         self.cache = StaticCache(config=model.config, max_cache_len=self.length)
         self.past = 0
         self.device = model.device

@@ -22,6 +22,13 @@ def test_bucket_sizes_are_the_next_power_of_two():
     assert [static_cache.bucket_size(n) for n in (1, 2, 3, 4, 5, 16, 17, 61)] == [1, 2, 4, 4, 8, 16, 32, 64]
 
 
+def test_calls_of_nearby_lengths_share_one_cache_shape():
+    """The mask's width is a compiled graph's shape: lengths round up, so nearby calls reuse the graphs."""
+    lengths = [static_cache.cache_length(n) for n in (20, 140, 256, 257, 600)]
+    assert lengths[0] == lengths[1] == lengths[2] == 256 + static_cache.MAX_BUCKET
+    assert lengths[3] == lengths[4] - 256 == 512 + static_cache.MAX_BUCKET
+
+
 @pytest.mark.parametrize("shape", [(5, 1, 5), (4, 4, 16)], ids=["chain", "tree"])
 def test_static_cache_matches_plain_greedy(family, shape, monkeypatch):
     """Trees of a trained drafter, deep paths accepted (through later children of a node too, so the accepted
