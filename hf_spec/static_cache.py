@@ -6,8 +6,8 @@ verifies every tree in a :class:`~transformers.StaticCache` of ``max_length`` (r
 positions: the tree is padded to a power-of-two size (a *bucket*), the 4D mask spans the whole preallocated cache
 and is built on the device, and after the walk the accepted nodes' keys and values move down in place to follow
 the prefix (the padding's and rejected nodes' slots are masked out and overwritten by the next forward). So each
-verification forward has one of a handful of shapes, and its tensors keep their addresses: what ``torch.compile`` needs to
-compile it once per bucket and, on CUDA with ``mode="reduce-overhead"``, to replay it as a CUDA graph.
+verification forward has one of a handful of shapes, and its tensors keep their addresses: what ``torch.compile``
+needs to compile it once per bucket and, on CUDA with ``mode="reduce-overhead"``, to replay it as a CUDA graph.
 
 Compilation follows transformers' own rule for static caches: the verification forward is compiled
 (:meth:`~transformers.PreTrainedModel.get_compiled_call` with the generation config's ``compile_config``) on CUDA,
