@@ -21,12 +21,20 @@ def keep_accepted(cache: DynamicCache, prefix_length: int, accepted_nodes: torch
     new_length = prefix_length + keep.numel()
     if contiguous is None:
         contiguous = bool((keep == torch.arange(prefix_length, new_length, device=keep.device)).all())
+    if not contiguous:
+        move_slots(cache, keep, prefix_length)
     for layer, keys, values in compat.cache_layers_kv(cache):
-        index = keep.to(keys.device)
-        if not contiguous:
-            keys[..., prefix_length:new_length, :] = keys.index_select(-2, index)
-            values[..., prefix_length:new_length, :] = values.index_select(-2, index)
         compat.set_layer_kv(layer, keys[..., :new_length, :], values[..., :new_length, :])
+
+
+def move_slots(cache, source: torch.Tensor, start: int) -> None:
+    """In every layer of ``cache`` (dynamic or static), copy the keys and values of slots ``source`` (increasing,
+    each >= ``start``) to slots ``start``, ``start + 1``, ... in place; the layers keep their length."""
+    end = start + source.numel()
+    for _, keys, values in compat.cache_layers_kv(cache):
+        index = source.to(keys.device)
+        keys[..., start:end, :] = keys.index_select(-2, index)
+        values[..., start:end, :] = values.index_select(-2, index)
 
 
 def crop_to(cache: DynamicCache, length: int) -> None:

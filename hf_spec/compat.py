@@ -7,9 +7,8 @@ fails with a message naming the attribute when a transformers upgrade changes it
 - ``DynamicCache.layers[i].keys/.values`` (and ``.is_initialized``) are read and reassigned to
   compact the cache (:func:`cache_layers_kv`, :func:`set_layer_kv`, :func:`crop_cache_layers`).
 - ``DynamicCache.crop(n)`` with a negative ``n`` removes ``-n`` positions (:func:`crop_cache`).
-- ``StaticCache`` layers' private ``cumulative_length`` counter is set, and their ``keys``/``values`` are moved
-  in place, for tree verification on a static cache (:func:`set_static_cache_length`,
-  :func:`move_static_cache_slots`).
+- ``StaticCache`` layers' private ``cumulative_length`` counter is set, for tree verification on a static cache
+  (:func:`set_static_cache_length`); their ``keys``/``values`` are read through :func:`cache_layers_kv`.
 - ``config._attn_implementation`` is read (the tree path needs an implementation that takes an
   arbitrary 4D mask, :func:`check_tree_mask_attention`) and set on drafter layer configs
   (:func:`attn_implementation`, :func:`set_attn_implementation`).
@@ -56,7 +55,7 @@ def full_dynamic_cache() -> DynamicCache:
 
 
 def cache_layers_kv(cache: DynamicCache):
-    """Yield (layer, keys, values) for every initialised layer of a DynamicCache."""
+    """Yield (layer, keys, values) for every initialised layer of a DynamicCache (or a StaticCache)."""
     for layer in cache.layers:
         if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
             yield layer, layer.keys, layer.values
@@ -85,17 +84,6 @@ def set_static_cache_length(cache, length: int) -> None:
     (a tensor on the cache's device, so a compiled forward keeps its address and no host sync happens)."""
     for layer in cache.layers:
         layer.cumulative_length.fill_(length)
-
-
-def move_static_cache_slots(cache, source: torch.Tensor, start: int) -> None:
-    """In every initialised layer of a ``StaticCache``, copy the keys and values of slots ``source`` (increasing,
-    each >= ``start``) to slots ``start``, ``start + 1``, ..., in place."""
-    end = start + source.numel()
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", False):
-            index = source.to(layer.keys.device)
-            layer.keys[:, :, start:end] = layer.keys.index_select(2, index)
-            layer.values[:, :, start:end] = layer.values.index_select(2, index)
 
 
 def attn_implementation(config) -> str | None:

@@ -26,6 +26,7 @@ import torch
 from transformers import CompileConfig, StaticCache
 
 from . import compat
+from .cache import move_slots
 from .tree.tree import DraftTree, additive_mask
 
 __all__ = ["MAX_BUCKET", "StaticTreeCache", "bucket_size", "cache_length", "static_layout", "wants_static_cache"]
@@ -111,16 +112,8 @@ class StaticTreeCache:
         self.call = compiled_call(model.base_model, compile_config) if compile_config is not None else None
         self.slots = torch.arange(self.length, device=self.device)
 
-    def _check_room(self, positions: int) -> None:
-        if positions > self.length:
-            raise ValueError(
-                f"The static cache holds {self.length} positions but this call needs {positions}. Fix: raise "
-                "max_new_tokens, or drop cache_implementation='static'."
-            )
-
     def prefill(self, target, input_ids: torch.Tensor) -> torch.Tensor:
         n = input_ids.shape[1]
-        self._check_room(n)
         allowed = self.slots.view(1, -1) <= torch.arange(n, device=self.device).view(-1, 1)
         mask = additive_mask(allowed, self.dtype).view(1, 1, n, self.length)
         positions = torch.arange(n, device=self.device).view(1, -1)
@@ -141,7 +134,7 @@ class StaticTreeCache:
         if size > MAX_BUCKET:
             raise ValueError(f"A draft tree of {n} nodes exceeds the static layout's largest forward ({MAX_BUCKET}). "
                              "Fix: lower tree_total_tokens / ngram_nodes, or drop cache_implementation='static'.")
-        self._check_room(past + size)
+        # past <= max_length and size <= MAX_BUCKET: the forward always fits in cache_length(max_length) slots
         device = self.device
         tokens = torch.zeros(1, size, dtype=tree.tokens.dtype, device=device)
         tokens[0, :n] = tree.tokens
@@ -159,10 +152,9 @@ class StaticTreeCache:
 
     def commit(self, accepted: list[torch.Tensor], walks) -> None:
         nodes = accepted[0].to(torch.long)
-        kept = nodes.numel()
         if not walks[0].accepted_contiguously:
-            compat.move_static_cache_slots(self.cache, nodes + self.past, self.past)
-        self.past += kept
+            move_slots(self.cache, nodes + self.past, self.past)
+        self.past += nodes.numel()
 
     def sequences(self, rows, prompt_length: int, horizon: int, pad_token) -> torch.Tensor:
         return rows[0].sequence[:, : prompt_length + horizon]

@@ -34,8 +34,8 @@ def test_static_cache_matches_plain_greedy(family, shape, monkeypatch):
     """Trees of a trained drafter, deep paths accepted (through later children of a node too, so the accepted
     slots are moved down in the static cache): the output is plain greedy's."""
     moves = []
-    move = static_cache.compat.move_static_cache_slots
-    monkeypatch.setattr(static_cache.compat, "move_static_cache_slots", lambda *a: moves.append(1) or move(*a))
+    move = static_cache.move_slots
+    monkeypatch.setattr(static_cache, "move_slots", lambda *a: moves.append(1) or move(*a))
     target, drafter = oracle_pair(family)
     depth, top_k, total = shape
     for seed in range(3):
