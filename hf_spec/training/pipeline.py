@@ -23,7 +23,9 @@ from .. import draft_vocab
 from ..drafters import EagleDrafter
 from ..drafters.auto import AutoDrafter
 from ..drafters.eagle.router import frequency_order
-from ..drafters.eagle3.config import default_aux_layer_ids
+from ..drafters.eagle.config import EagleDrafterConfig
+from ..drafters.eagle3.config import Eagle3DrafterConfig, default_aux_layer_ids
+from ..drafters.parallelspec.config import ParallelDrafterConfig
 from ..drafters.registry import drafter_classes
 from ..hardware import resolve_dtype
 from ..resources import cache_dir
@@ -41,7 +43,8 @@ from .data import (
 from .parallelspec import ParallelTrainer
 from .trainers import CoralTrainer, Eagle3Trainer, EagleTrainer, HassTrainer, RouterTrainer
 
-_EAGLE, _EAGLE3, _PARALLEL = "hf_spec_eagle", "hf_spec_eagle3", "hf_spec_parallel"
+_EAGLE, _EAGLE3, _PARALLEL = (EagleDrafterConfig.model_type, Eagle3DrafterConfig.model_type,
+                              ParallelDrafterConfig.model_type)  # fmt: skip
 METHODS = {
     "eagle": (_EAGLE, EagleTrainer),
     "hass": (_EAGLE, HassTrainer),
