@@ -273,8 +273,12 @@ def test_feature_cache_resumed_with_other_conversations_is_refused(feature_cache
 # --------------------------------------------------------------------------------------------
 # Trainer runs
 # --------------------------------------------------------------------------------------------
-def _trainer(cls, args_cls, target, path, out_dir, seed=0, drafter_class=hf_spec.EagleDrafter, **overrides):
+def _trainer(cls, args_cls, target, path, out_dir, seed=0, drafter_class=hf_spec.EagleDrafter, held_out=0,
+             **overrides):
+    from hf_spec.training.pipeline import split_held_out
+
     dataset, storage = load_feature_cache(path)
+    dataset, eval_dataset = split_held_out(dataset, held_out)
     torch.manual_seed(seed)
     drafter = drafter_class.from_target(target)
     kwargs = dict(output_dir=str(out_dir), per_device_train_batch_size=8, learning_rate=3e-3, warmup_steps=2,
@@ -283,7 +287,7 @@ def _trainer(cls, args_cls, target, path, out_dir, seed=0, drafter_class=hf_spec
     kwargs.update(overrides)
     args = args_cls(**kwargs)
     return cls(model=drafter, args=args, train_dataset=dataset.with_format("numpy"),
-               data_collator=FeatureCollator(storage=storage, max_length=args.max_length))  # fmt: skip
+               eval_dataset=eval_dataset and eval_dataset.with_format("numpy"), data_collator=FeatureCollator(storage=storage, max_length=args.max_length))  # fmt: skip
 
 
 TRAINER_SETUPS = {
@@ -556,3 +560,43 @@ def test_training_overfits_the_targets_own_answers_and_generate_accepts_them(tmp
         assert torch.equal(out, expected)
         taus.append(drafter.last_generation_stats.tau)
     assert min(taus) > 3.0, taus  # of 5 at most (features shifted by one position in training: 2.3-3.4)
+
+
+def test_top1_accuracy_counts_out_of_vocabulary_targets_as_misses():
+    from hf_spec.training.losses import top1_accuracy
+
+    predicted = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 5.0], [1.0, 0.0, 0.0]])
+    target = torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 9.0], [2.0, 0.0, 0.0]])
+    # argmax hits at rows 0, 2, 3; row 3's true argmax lies outside the draft vocabulary; row 2 is not a loss position
+    in_vocab, loss_mask = torch.tensor([1, 1, 1, 0]), torch.tensor([1, 1, 0, 1])
+    assert top1_accuracy(predicted, target).item() == pytest.approx(3 / 4)
+    assert top1_accuracy(predicted, target, in_vocab).item() == pytest.approx(2 / 4)
+    assert top1_accuracy(predicted, target, in_vocab, loss_mask).item() == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "hass", "parallelspec"])
+def test_a_run_logs_training_and_held_out_top1_curves(kind, feature_cache, tmp_path):
+    """With a held-out split and step evaluations, the log history holds the training and the held-out teacher-forced
+    top-1 (per alignment step for HASS, per [MASK] depth for ParallelSpec), and the held-out examples are not
+    trained on."""
+    from hf_spec.training.pipeline import split_held_out
+
+    target, path = feature_cache
+    dataset, _ = load_feature_cache(path)
+    train, held = split_held_out(dataset, 6)
+    again_train, again_held = split_held_out(dataset, 6)
+    assert len(held) == 6 and len(train) == len(dataset) - 6 and held["input_ids"] == again_held["input_ids"]
+    assert not {tuple(x) for x in held["input_ids"]} & {tuple(x) for x in train["input_ids"]}
+    with pytest.raises(ValueError, match="eval_examples"):
+        split_held_out(dataset, len(dataset))
+    trainer_class, args_class, extra, _ = TRAINER_SETUPS[kind]
+    trainer = _trainer(trainer_class, args_class, target, path, tmp_path, max_steps=4, eval_strategy="steps",
+                       eval_steps=2, per_device_eval_batch_size=4, held_out=6, **extra)  # fmt: skip
+    trainer.train()
+    train_key, eval_key = {"eagle": ("top1", "eval_top1"), "hass": ("top1_3", "eval_top1_3"),
+                           "parallelspec": ("top1_d2", "eval_top1_d2")}[kind]  # fmt: skip
+    history = trainer.state.log_history
+    train_logs = [h[train_key] for h in history if train_key in h]
+    eval_logs = [h for h in history if eval_key in h]
+    assert len(train_logs) == 4 and all(0.0 <= v <= 1.0 for v in train_logs), history
+    assert [h["step"] for h in eval_logs] == [2, 4] and all("eval_loss" in h for h in eval_logs), history

@@ -31,7 +31,7 @@ def eagle_loss(
     Shapes: features (b, s, H), logits (b, s, V) (or (b, s, D) over a draft vocabulary),
     ``loss_mask`` (b, s); ``cls_mask`` (b, s) further restricts the cross-entropy (a draft
     vocabulary's positions whose target argmax it lacks, :mod:`hf_spec.draft_vocab`). Returns a
-    dict with ``loss`` (= w_reg * reg + w_cls * cls), ``reg`` and ``cls``.
+    dict with ``loss`` (= w_reg * reg + w_cls * cls), ``reg``, ``cls`` and ``top1`` (:func:`top1_accuracy`).
     """
     reg = F.smooth_l1_loss(predicted_features.float(), target_features.float(), reduction="none").mean(-1)
     target_probs = torch.softmax(target_logits.float(), dim=-1)
@@ -40,8 +40,21 @@ def eagle_loss(
         cls_mask = cls_mask if loss_mask is None else cls_mask * loss_mask
     else:
         cls_mask = loss_mask
+    top1 = top1_accuracy(predicted_logits, target_logits, cls_mask, loss_mask)
     reg, cls = masked_mean(reg, loss_mask), masked_mean(cls, cls_mask)
-    return {"loss": w_reg * reg + w_cls * cls, "reg": reg, "cls": cls}
+    return {"loss": w_reg * reg + w_cls * cls, "reg": reg, "cls": cls, "top1": top1}
+
+
+@torch.no_grad()
+def top1_accuracy(predicted_logits, target_logits, in_vocab=None, loss_mask=None) -> torch.Tensor:
+    """Teacher-forced top-1: the share of loss positions where the drafter's argmax is the target's.
+
+    ``in_vocab`` (same shape as a logits row's batch dims, or None): 0 where the target's argmax lies outside a
+    draft vocabulary (the logits then cover only the draft ids), which counts as a miss, as at decoding time."""
+    hit = (predicted_logits.argmax(-1) == target_logits.argmax(-1)).float()
+    if in_vocab is not None:
+        hit = hit * in_vocab.to(hit.dtype)
+    return masked_mean(hit, loss_mask).detach()
 
 
 def topk_distillation_loss(
@@ -159,7 +172,7 @@ def hass_loss(
     classification and Top-K terms (:meth:`~hf_spec.drafters.base.SpecDrafterModel.training_targets`). Its keys/values mix the earlier steps' blocks exactly as
     :func:`hass_step_mask` says; the earlier blocks come from a ``DynamicCache`` filled by the
     previous steps, so each step costs one drafter pass over s positions. Returns ``loss`` and
-    per-step ``reg_j``, ``cls_j``, ``topk_j`` (detached).
+    per-step ``reg_j``, ``cls_j``, ``topk_j`` and teacher-forced ``top1_j`` (:func:`top1_accuracy`), detached.
     """
     from transformers import DynamicCache
 
@@ -199,6 +212,7 @@ def hass_loss(
             log_p = torch.log_softmax(logits.float(), dim=-1)
             cls = masked_mean(-(target_probs * log_p).sum(-1), cls_mask)
             topk_part = masked_mean(-(top_probs * log_p.gather(-1, top_ids)).sum(-1), cls_mask)
+            metrics[f"top1_{step}"] = top1_accuracy(logits, target_logits, cls_mask)
         else:  # nothing to learn in this batch; keep the graph connected for DDP
             reg = cls = topk_part = predicted.sum() * 0.0
         total = total + beta ** (step - 1) * (w_reg * reg + w_cls * cls + w_topk * topk_part)

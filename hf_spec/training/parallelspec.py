@@ -43,7 +43,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from .losses import eagle_loss
-from .trainers import greedy_labels_field
+from .trainers import _LoggedTermsMixin, greedy_labels_field
 
 IGNORE_INDEX = -100
 
@@ -375,7 +375,7 @@ class ParallelTrainingArguments(TrainingArguments):
         "(less padding: 22 percent fewer padded positions than random batches on the distilled SmolLM2 cache)"})  # fmt: skip
 
 
-class ParallelTrainer(Trainer):
+class ParallelTrainer(_LoggedTermsMixin, Trainer):
     """Trainer for a bound :class:`ParallelDrafter`; batches hold ``input_ids`` (b, N),
     ``hidden_states`` (b, N, H) target features and optionally ``loss_mask`` (b, N: which
     tokens are labels, e.g. assistant tokens) and ``attention_mask`` (b, N: right padding; when

@@ -82,6 +82,10 @@ class DataArguments:
     draft_vocab_size: int | None = field(default=8192, metadata={"help": "draft vocabulary: the D most frequent assistant "
                                                                      "tokens of the data (FR-Spec/EAGLE-3); 0 or unset: the "
                                                                      "full target vocabulary"})
+    eval_examples: int = field(default=0, metadata={"help": "hold out this many examples of the feature cache (a seeded "
+                                                     "random draw) as the evaluation set: with --eval_strategy steps "
+                                                     "the run logs held-out loss and teacher-forced top-1 per step "
+                                                     "(eval_top1_<step>) beside the training ones"})
     init_drafter: str | None = field(default=None, metadata={"help": "warm start: a trained drafter folder of the same "
                                                                 "family to continue training (e.g. on new data); its "
                                                                 "weights, draft vocabulary and layers are kept"})
@@ -210,14 +214,29 @@ def with_lengths(dataset, column: str = "length"):
     return dataset.add_column(column, lengths)
 
 
-def _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer):
-    """``trainer_class`` over a feature cache (batches from :class:`FeatureCollator`)."""
+def split_held_out(dataset, eval_examples: int, seed: int = 0):
+    """(training set, held-out set or None): ``eval_examples`` examples drawn at random (fixed seed, so a resumed
+    run holds out the same ones) are left out of training."""
+    if not eval_examples:
+        return dataset, None
+    if not 0 < eval_examples < len(dataset):
+        raise ValueError(f"--eval_examples {eval_examples} must be between 1 and the cache's {len(dataset) - 1} "
+                         "examples less one. Fix: hold out fewer, or 0 for none.")  # fmt: skip
+    split = dataset.train_test_split(test_size=eval_examples, seed=seed, shuffle=True)
+    return split["train"], split["test"]
+
+
+def _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer, eval_examples: int = 0):
+    """``trainer_class`` over a feature cache (batches from :class:`FeatureCollator`), with ``eval_examples`` of it
+    held out as the evaluation set (:func:`split_held_out`)."""
     if getattr(training_args, "train_sampling_strategy", None) == "group_by_length":
         dataset = with_lengths(dataset, training_args.length_column_name)
+    dataset, held_out = split_held_out(dataset, eval_examples)
     return trainer_class(
         model=drafter,
         args=training_args,
         train_dataset=dataset.with_format("numpy"),
+        eval_dataset=None if held_out is None else held_out.with_format("numpy"),
         data_collator=FeatureCollator(storage=storage, max_length=training_args.max_length,
                                       pad_token_id=tokenizer.pad_token_id or 0),  # fmt: skip
     )
@@ -236,7 +255,8 @@ def train_router(drafter_path: str, data_args: DataArguments, training_args) -> 
     order = frequency_order(counts)
     drafter.requires_grad_(False)
     drafter.add_router(order, training_args.router_num_groups, training_args.router_top_n).requires_grad_(True)
-    trainer = _feature_trainer(RouterTrainer, drafter, training_args, dataset, storage, tokenizer)
+    trainer = _feature_trainer(RouterTrainer, drafter, training_args, dataset, storage, tokenizer,
+                               data_args.eval_examples)  # fmt: skip
     result = trainer.train()
     if trainer.is_world_process_zero():
         drafter.save_pretrained(training_args.output_dir)
@@ -270,7 +290,8 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
         coverage = attach_draft_vocab(drafter, dataset, data_args.draft_vocab_size)
     if cache_is_self_distilled(cache) and hasattr(training_args, "greedy_labels"):
         training_args.greedy_labels = True  # answer tokens are the target's greedy choices: no full-head argmax
-    trainer = _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer)
+    trainer = _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer,
+                               data_args.eval_examples)  # fmt: skip
     resume = training_args.resume_from_checkpoint
     if resume is None and os.path.isdir(training_args.output_dir):
         resume = get_last_checkpoint(training_args.output_dir)  # resume a killed run by default

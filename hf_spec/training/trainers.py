@@ -90,7 +90,38 @@ def _greedy_next_tokens(trainer: Trainer, ids: torch.Tensor) -> torch.Tensor | N
     return next_token_ids(ids)
 
 
-class EagleTrainer(Trainer):
+class _LoggedTermsMixin:
+    """Logs extra loss terms (teacher-forced top-1 per step, CSRA's balance, ...) averaged over the steps between two
+    logs, and runs evaluations through ``compute_loss`` so a held-out set (``eval_dataset``, ``--eval_strategy
+    steps``) logs the same terms prefixed ``eval_``: the training and held-out curves of a run."""
+
+    logged_prefixes = ("top1",)
+    """Keys of ``compute_loss``'s output dict that are logged (every key starting with one of these)."""
+
+    def _record(self, **terms):
+        sums = self.__dict__.setdefault("_term_sums", {}).setdefault("" if self.model.training else "eval_", {})
+        for name, value in terms.items():
+            total, count = sums.get(name, (0.0, 0))
+            sums[name] = (total + float(value), count + 1)
+
+    def _record_outputs(self, out: dict) -> None:
+        self._record(**{k: v for k, v in out.items() if k.startswith(self.logged_prefixes)})
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """An evaluation batch: the loss and the logged terms of ``compute_loss`` (no predictions are gathered)."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    def log(self, logs, *args, **kwargs):
+        prefix = "eval_" if any(str(key).startswith("eval_") for key in logs) else ""
+        sums = self.__dict__.get("_term_sums", {}).pop(prefix, {})
+        logs = {**logs, **{prefix + name: round(total / count, 5) for name, (total, count) in sums.items() if count}}
+        return super().log(logs, *args, **kwargs)
+
+
+class EagleTrainer(_LoggedTermsMixin, Trainer):
     """Trains an :class:`~hf_spec.EagleDrafter` with EAGLE's loss."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -107,10 +138,11 @@ class EagleTrainer(Trainer):
             feats_target, None if argmax_ids is None else argmax_ids[select])
         out = eagle_loss(predicted, feats_target, drafter.draft_logits(predicted), target_logits, None,
                          self.args.w_reg, self.args.w_cls, cls_mask)  # fmt: skip
+        self._record_outputs(out)
         return (out["loss"], out) if return_outputs else out["loss"]
 
 
-class HassTrainer(Trainer):
+class HassTrainer(_LoggedTermsMixin, Trainer):
     """Trains an :class:`~hf_spec.EagleDrafter` with HASS's loss (:func:`~hf_spec.training.losses.hass_loss`)."""
 
     def _hass_loss(self, model, inputs, return_predictions: bool = False):
@@ -122,6 +154,7 @@ class HassTrainer(Trainer):
                         w_topk=args.w_topk, topk=args.topk, w_reg=args.w_reg, w_cls=args.w_cls, forward=model,
                         argmax_ids=_greedy_next_tokens(self, ids), return_predictions=return_predictions,
                         detach_steps=getattr(args, "detach_steps", True))  # fmt: skip
+        self._record_outputs(out)
         return out, feats_target, mask
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -187,22 +220,7 @@ class CoralTrainingArguments(HassTrainingArguments):
             raise ValueError(f"--csra_variant must be per_step or symmetric_all_steps, got {self.csra_variant!r}")
 
 
-class _LoggedTermsMixin:
-    """Averages extra loss terms over the steps between two logs and adds them to the Trainer's logs."""
-
-    def _record(self, **terms):
-        sums = self.__dict__.setdefault("_term_sums", {})
-        for name, value in terms.items():
-            total, count = sums.get(name, (0.0, 0))
-            sums[name] = (total + float(value), count + 1)
-
-    def log(self, logs, *args, **kwargs):
-        sums = self.__dict__.pop("_term_sums", {})
-        logs = {**logs, **{name: round(total / count, 5) for name, (total, count) in sums.items() if count}}
-        return super().log(logs, *args, **kwargs)
-
-
-class CoralTrainer(_LoggedTermsMixin, HassTrainer):
+class CoralTrainer(HassTrainer):
     """Trains an :class:`~hf_spec.EagleDrafter` with CORAL's loss: HASS's multi-step training with, at each
     step t, the CSRA InfoNCE of step t's outputs (:func:`~hf_spec.training.losses.csra_loss_per_step`) added to
     that step's loss with weight ``w_csra`` (and the step's β^(t-1), as HASS's terms). ``csra_variant=
