@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -18,6 +20,8 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 
 import hf_spec
+from hf_spec.decoding import _Target
+from hf_spec.drafters.session import DraftingSession
 from hf_spec.training.losses import eagle_loss
 
 FAMILIES = ("llama", "qwen2", "mistral")
@@ -196,45 +200,107 @@ class CallCountingStreamer(BaseStreamer):
 SYNC_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
 """Tensor methods through which Python reads a value back to the host (a device sync on a GPU)."""
 
+_SHAPE_OPS = {"nonzero", "argwhere", "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive",
+              "unique_dim_consecutive", "bincount"}  # fmt: skip
+"""aten ops whose output shape depends on tensor values: on a GPU each waits for the device (an implicit sync)."""
+
+
+def _is_mask(index) -> bool:
+    return isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
+
+
+def shape_op_name(func, args, kwargs) -> str | None:
+    """The name of aten op ``func`` when its output shape depends on tensor values (an implicit host sync on a
+    GPU: boolean-mask indexing, ``nonzero``, ``where(cond)``, ``masked_select``, ``repeat_interleave`` by a
+    tensor without ``output_size``, ``unique``, ``bincount``), else None. ``x[mask] = v`` counts unless ``v``
+    is 0-dim (a Python scalar: torch runs ``masked_fill_``; a 0-dim device tensor, which syncs, is not told
+    apart)."""
+    name = func.overloadpacket.__name__.rstrip("_")
+    if name in _SHAPE_OPS or (name == "where" and len(args) == 1):
+        return name
+    if name == "repeat_interleave" and func._overloadname in ("Tensor", "self_Tensor") \
+            and kwargs.get("output_size") is None:
+        return name
+    if name in ("index", "index_put") and any(_is_mask(index) for index in args[1]):
+        if name == "index_put" and args[2].dim() == 0:
+            return None
+        return "bool-mask " + ("indexing" if name == "index" else "assignment")
+    return None
+
+
+class _ShapeOpCounter(TorchDispatchMode):
+    """Counts :func:`shape_op_name` ops per phase into ``counts["shape_ops"]`` (and by name into
+    ``counts["shape_op_names"]``), reading the phase from ``phase()``."""
+
+    def __init__(self, counts, phase):
+        super().__init__()
+        self.counts, self.phase = counts, phase
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = shape_op_name(func, args, kwargs)
+        if name is not None:
+            phase = self.phase()
+            self.counts["shape_ops"][phase] += 1
+            self.counts["shape_op_names"][f"{phase}: {name}"] += 1
+        return func(*args, **kwargs)
+
+
+def _session_classes(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _session_classes(sub)
+
 
 @contextlib.contextmanager
 def count_host_syncs():
-    """Count, while active, host reads of tensor values (``SYNC_METHODS``) split into those inside
-    ``EagleDraftingSession.propose`` ("drafter") and the rest ("loop"), and the target's LM-head
-    calls (``_Target.logits``, "head"). Yields the dict of counts; restores everything on exit.
-    Ops whose output shape depends on data (``nonzero``, boolean indexing) sync inside C++ and
-    are not counted."""
-    from hf_spec.drafters.eagle import EagleDraftingSession
-    from hf_spec.decoding import _Target
-
-    counts = {"loop": 0, "drafter": 0, "head": 0}
-    inside = [False]
+    """Count, while active, host reads of tensor values (``SYNC_METHODS``) split into those inside a drafting
+    session's ``propose`` (any :class:`~hf_spec.drafters.session.DraftingSession` subclass: "drafter") and the
+    rest ("loop"), and the target's LM-head calls (``_Target.logits``, "head"). Ops whose output shape depends
+    on data (boolean indexing, ``nonzero``..., :func:`shape_op_name`) sync inside C++: they are counted per
+    phase in ``counts["shape_ops"]`` ({"drafter": n, "loop": n}), by name in ``counts["shape_op_names"]``.
+    Yields the dict of counts; restores everything on exit."""
+    counts = {"loop": 0, "drafter": 0, "head": 0, "shape_ops": {"loop": 0, "drafter": 0},
+              "shape_op_names": collections.Counter()}  # fmt: skip
+    depth = [0]  # nesting of propose calls (a hybrid session calls its family's)
     saved = [(torch.Tensor, name, getattr(torch.Tensor, name)) for name in SYNC_METHODS]
-    saved += [(EagleDraftingSession, "propose", EagleDraftingSession.propose), (_Target, "logits", _Target.logits)]
+    sessions = [(cls, "propose", cls.__dict__["propose"]) for cls in _session_classes(DraftingSession)
+                if "propose" in cls.__dict__]  # fmt: skip
+    original_logits = _Target.logits
+
+    def phase() -> str:
+        return "drafter" if depth[0] else "loop"
 
     def counting(original):
         def wrapper(self, *args, **kwargs):
-            counts["drafter" if inside[0] else "loop"] += 1
+            counts[phase()] += 1
             return original(self, *args, **kwargs)
 
         return wrapper
 
-    def counting_propose(self, *args, **kwargs):
-        inside[0] = True
-        try:
-            return saved[-2][2](self, *args, **kwargs)
-        finally:
-            inside[0] = False
+    def drafting(original):
+        def propose(self, *args, **kwargs):
+            depth[0] += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return propose
 
     def counting_logits(self, features):
         counts["head"] += 1
-        return saved[-1][2](self, features)
+        return original_logits(self, features)
 
     try:
-        for owner, name, original in saved[: len(SYNC_METHODS)]:
-            setattr(owner, name, counting(original))
-        EagleDraftingSession.propose, _Target.logits = counting_propose, counting_logits
-        yield counts
-    finally:
         for owner, name, original in saved:
+            setattr(owner, name, counting(original))
+        for owner, name, original in sessions:
+            setattr(owner, name, drafting(original))
+        _Target.logits = counting_logits
+        with _ShapeOpCounter(counts, phase):
+            yield counts
+    finally:
+        for owner, name, original in saved + sessions:
             setattr(owner, name, original)
+        _Target.logits = original_logits
