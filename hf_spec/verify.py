@@ -144,13 +144,14 @@ def greedy_plan(tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
     device = logits.device
     best = logits.argmax(dim=-1)  # (n,)
     arange = torch.arange(n, device=device)
-    chosen = torch.full((n,), -1, dtype=torch.long, device=device)
+    chosen = torch.full((n + 1,), -1, dtype=torch.long, device=device)  # [n]: rows of pruned nodes write there
     expanded = tree.expanded.to(device)
     if expanded.numel():
         hits = tree.candidate_tokens.to(device) == best[expanded].view(-1, 1)  # (m, k)
         first = hits.to(torch.uint8).argmax(dim=1, keepdim=True)  # first hit in draw order
         child = tree.candidate_nodes.to(device).gather(1, first).view(-1)
-        chosen[expanded] = torch.where(hits.any(dim=1), child, -1)
+        chosen[torch.where(expanded >= 0, expanded, n)] = torch.where(hits.any(dim=1), child, -1)
+    chosen = chosen[:n]
     parents = tree.parents.to(device)
     was_chosen = chosen[parents.clamp(min=0)] == arange
     was_chosen[0] = True
@@ -191,8 +192,10 @@ def walk_tree(
     next, is sent them, and returns the :class:`WalkResult`. Used for sampling and when
     logits processors need each node's own context."""
     result = WalkResult()
-    slot_of_node = torch.full((len(tree),), -1, dtype=torch.long)
-    slot_of_node[tree.expanded.cpu()] = torch.arange(tree.expanded.shape[0])
+    n = len(tree)
+    slot_of_node = torch.full((n + 1,), -1, dtype=torch.long)  # [n]: rows of pruned nodes
+    expanded = tree.expanded.cpu()
+    slot_of_node[torch.where(expanded >= 0, expanded, n)] = torch.arange(expanded.shape[0])
     node = 0
     while True:
         raw = yield node

@@ -121,12 +121,15 @@ def test_static_tree_shape_and_candidates():
     for row in sampled.candidate_tokens:
         kept = row[row >= 0]
         assert kept.unique().numel() == kept.numel()
-    # zero-probability draws are no nodes and no candidates; nothing below them is expanded
+    # zero-probability draws keep the full shape but are no candidates: no row leads to them or below them
     narrow = torch.full((2, 8), float("-inf"))
     narrow[:, :2] = 0.0
     small = build_static_tree(7, torch.log_softmax(narrow, -1), (4, 3), sample=True)
-    assert len(small) == 1 + 2 + 4 and small.expanded.tolist() == [0, 1, 2]
+    assert len(small) == 1 + 4 + 4 * 3 and small.expanded.tolist() == [0, 1, 2, 3, 4]
     assert bool((small.candidate_tokens[:, 2:] == -1).all())
+    reachable = small.candidate_nodes[small.candidate_nodes >= 0]
+    assert sorted(reachable.tolist()) == torch.isfinite(small.scores).nonzero().view(-1)[1:].tolist()
+    assert reachable.numel() == 2 + 2 * 2
 
 
 WIDTHS = [(4, 2, 2, 1, 1), (1,), (1, 1, 1, 1, 1), (3, 3), (2, 1, 2)]

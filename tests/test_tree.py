@@ -7,6 +7,7 @@ import torch
 
 from hf_spec.tree.dynamic import Frontier, TreeShape, draw_candidates, grow_dynamic_tree
 from hf_spec.tree.tree import DraftTree, causal_mask
+from hf_spec.verify import verify_tree
 
 
 def hand_tree():
@@ -97,8 +98,13 @@ def test_dynamic_tree_is_well_formed(depth, top_k, total):
     assert torch.all(tree.parents[1:] < torch.arange(1, len(tree)))
     assert torch.all(tree.scores[1:] <= tree.scores[tree.parents[1:]] + 1e-6)
     assert torch.all(tree.depths[1:] == tree.depths[tree.parents[1:]] + 1)
+    # one candidate row per expanded node, pruned or not (fixed shapes); a pruned node's row leads nowhere
+    assert tree.expanded.shape[0] == 1 + (depth - 1) * top_k
     # greedy candidates are the top-k of the drafter at each expanded node
     for slot, node in enumerate(tree.expanded.tolist()):
+        if node < 0:
+            assert bool((tree.candidate_nodes[slot] == -1).all())
+            continue
         node_logq = root_logq if node == 0 else table[tree.tokens[node], tree.depths[node]]
         assert tree.candidate_tokens[slot].tolist() == node_logq.topk(top_k).indices.tolist()
         kept = tree.candidate_nodes[slot]
@@ -108,6 +114,52 @@ def test_dynamic_tree_is_well_formed(depth, top_k, total):
         kept_min = tree.scores[1:].min()
         all_scores = _all_scores(table, root_logq, depth, top_k)
         assert (all_scores > kept_min + 1e-6).sum() <= total
+
+
+@pytest.mark.parametrize("finite,total", [(2, 30), (2, 10), (1, 10)])
+def test_zero_probability_draws_keep_the_size_and_are_never_accepted(finite, total):
+    """A drafter giving probability 0 to all but ``finite`` tokens per row (fewer than top_k): the tree keeps its
+    fixed size (1 + total nodes, one row per expanded node, -1 for a pruned one), a row leads only to nodes of
+    finite score, and the greedy walk on the device equals the node-by-node walk, never accepting an unreachable
+    node even where the target's argmax is its token; sampling walks the same trees."""
+    table, _, _ = fake_expand()
+    g = torch.Generator().manual_seed(2)
+    allowed = torch.rand(table.shape, generator=g).argsort(dim=-1) < finite
+    table = torch.log_softmax(table.masked_fill(~allowed, float("-inf")), dim=-1)
+
+    def grow(shape, sample):
+        return grow_dynamic_tree(3, table[3, 0], lambda f: table[f.tokens, f.depths], shape, sample)
+
+    tree = grow(TreeShape(4, 3, total), sample=False)
+    assert len(tree) == 1 + total and tree.expanded.shape[0] == 1 + 3 * 3
+    reachable = torch.zeros(len(tree), dtype=torch.bool)
+    reachable[0] = True
+    reachable[tree.candidate_nodes[tree.candidate_nodes >= 0]] = True
+    assert torch.equal(reachable, torch.isfinite(tree.scores))
+    rows = tree.expanded >= 0
+    argmax = torch.zeros(len(tree), dtype=torch.long)  # each node's argmax: its first candidate (deep walks)
+    argmax[tree.expanded[rows]] = tree.candidate_tokens[rows, 0].clamp(min=0)
+    choices = [argmax]
+    if not reachable.all():  # lead the walk to the first unreachable node's parent, whose argmax is its token
+        node = int((~reachable).nonzero()[0])
+        unreachable = (int(tree.parents[node]), int(tree.tokens[node]))
+        choices.append(argmax.clone())
+        while node > 0:
+            choices[-1][tree.parents[node]] = tree.tokens[node]
+            node = int(tree.parents[node])
+    for argmax in choices:
+        logits = torch.randn(len(tree), 20, generator=g)
+        logits[torch.arange(len(tree)), argmax] = 50.0
+        on_device = verify_tree(tree, logits, None, do_sample=False)
+        walked = verify_tree(tree, logits, lambda node, raw: raw, do_sample=False)
+        assert (on_device.nodes, on_device.tokens) == (walked.nodes, walked.tokens)
+        assert bool(reachable[walked.nodes].all())
+    if len(choices) > 1:
+        assert (walked.nodes[-1], walked.tokens[-1]) == unreachable  # the walk stops there with that token
+    sampled = grow(TreeShape(4, 3, 9), sample=True)
+    for _ in range(20):
+        walk = verify_tree(sampled, torch.randn(len(sampled), 20, generator=g), None, do_sample=True)
+        assert bool(torch.isfinite(sampled.scores[walk.nodes]).all())
 
 
 def _all_scores(table, root_logq, depth, top_k):

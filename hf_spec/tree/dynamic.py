@@ -119,11 +119,12 @@ def grow_dynamic_tree(
     columns and mapped to target ids, and in sampling the kept draft distributions are scattered
     back to ``vocab_size`` columns for verification. The tree is the same as over the full rows.
 
-    Without ``shape.min_prob`` the loop reads nothing back to the host: every frontier has
-    min(top_k, newest) nodes, and a frontier node with a non-finite score (a draw the drafter gave
-    probability 0) is still run through ``expand`` but its children score -inf, so :func:`_select`
-    drops it and them, exactly as if it had not been expanded. With it, one host read per depth
-    stops the growth when the newest depth's best score is below the floor (no descendant could pass it).
+    Without ``shape.min_prob`` nothing is read back to the host and every shape is fixed: every
+    frontier has min(top_k, newest) nodes, and a frontier node with a non-finite score (a draw the
+    drafter gave probability 0) is still run through ``expand`` but its children score -inf, so
+    :func:`_select` makes it and them unreachable, exactly as if it had not been expanded. With it,
+    one host read per depth stops the growth when the newest depth's best score is below the floor
+    (no descendant could pass it), and the tree drops the nodes below it.
     """
     device = root_logq.device
     k = shape.top_k
@@ -206,8 +207,15 @@ def grow_dynamic_tree(
 
 def _select(tokens, parents, depths, scores, expanded, candidates, draft_probs, total_tokens, pin_expanded,
             min_score: float | None = None):  # fmt: skip
-    """Keep the root and the ``total_tokens`` best nodes (none scoring below ``min_score`` unless pinned),
-    renumbered in BFS order. A child never scores above its parent, so ancestors of kept nodes are kept."""
+    """Keep the root and the ``total_tokens`` best nodes, renumbered in BFS order. A child never scores above its
+    parent (ties: the parent's lower index wins), so ancestors of kept nodes are kept.
+
+    Fixed shapes, no host sync: the tree has ``1 + min(total_tokens, n - 1)`` nodes and one candidate row per
+    ``expanded`` node (``expanded`` -1 where that node was pruned). A kept node of priority -inf (non-finite score:
+    a draw the drafter gave probability 0, whose candidate token is already -1) is unreachable: no candidate row
+    leads to it, so verification never accepts it; it is there only when fewer nodes can be reached. With
+    ``min_score`` (pinned nodes aside) nodes below it are dropped instead: that floor exists to shrink the tree
+    (its growth reads the host anyway)."""
     n = tokens.shape[0]
     device = tokens.device
     priority = scores.clone()
@@ -219,14 +227,14 @@ def _select(tokens, parents, depths, scores, expanded, candidates, draft_probs, 
     # Stable sort: among equal scores the lower index (a parent before its child) wins.
     order = torch.sort(-priority, stable=True).indices
     keep = order[: 1 + total_tokens]
-    keep = keep[priority[keep] > float("-inf")]  # drops non-finite scores and, with min_score, low ones
+    if min_score is not None:
+        keep = keep[priority[keep] > float("-inf")]  # the floor shrinks the tree: a data-dependent size
     keep = keep.sort().values  # BFS order survives: parents keep smaller indices
     new_index = torch.full((n,), -1, dtype=torch.long, device=device)
     new_index[keep] = torch.arange(keep.numel(), device=device)
+    reachable = torch.where(priority > float("-inf"), new_index, -1)  # a candidate row leads only to these
     kept_parents = parents[keep]
     kept_parents = torch.where(kept_parents >= 0, new_index[kept_parents.clamp(min=0)], kept_parents)
-
-    kept_expanded = new_index[expanded] >= 0
     candidate_tokens = torch.where(
         torch.isfinite(scores[candidates]), tokens[candidates], torch.full_like(candidates, -1)
     )
@@ -235,8 +243,8 @@ def _select(tokens, parents, depths, scores, expanded, candidates, draft_probs, 
         parents=kept_parents,
         depths=depths[keep],
         scores=scores[keep],
-        expanded=new_index[expanded[kept_expanded]],
-        candidate_tokens=candidate_tokens[kept_expanded],
-        candidate_nodes=new_index[candidates[kept_expanded]],
-        draft_probs=draft_probs[kept_expanded] if draft_probs is not None else None,
+        expanded=new_index[expanded],
+        candidate_tokens=candidate_tokens,
+        candidate_nodes=reachable[candidates],
+        draft_probs=draft_probs,
     )

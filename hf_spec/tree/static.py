@@ -23,10 +23,12 @@ Why sampling stays lossless (the conditions of :mod:`hf_spec.verify`):
    same situation as Alg. 1 of the ParallelSpec paper, which compares p(x | x_<n, V) with
    q(x | x_<n, [MASK]_1..[MASK]_{t-1}) whatever path V was accepted.
 2. Whether u is expanded never depends on u's own candidates: the shape is fixed before the
-   draws (every valid node above the last depth is expanded), and the only data-dependent
-   part, dropping a node whose own draw had zero probability (score -inf), depends on the
-   draw *of its parent*, not on its own children. With ``pin_expanded`` every expanded node
-   stays in the tree even when ``total_tokens`` prunes leaves, as in the dynamic tree.
+   draws (every node above the last depth is expanded). A node whose own draw had zero
+   probability (score -inf) is expanded too, so the tree's size is fixed, but no candidate
+   row leads to it (nor to its children, which score -inf): it is verified, never accepted,
+   and that depends on the draw *of its parent*, not on its own children. With
+   ``pin_expanded`` every expanded node of finite score stays in the tree even when
+   ``total_tokens`` prunes leaves, as in the dynamic tree.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class StaticTreeShape(TreeShape):
 
 
 def build_static_tree(
-    root_token: int,
+    root_token: int | torch.Tensor,
     logq: torch.Tensor,
     widths,
     sample: bool,
@@ -81,26 +83,25 @@ def build_static_tree(
 ) -> DraftTree:
     """The static tree for per-depth log-probabilities ``logq`` (D, V), ``D >= len(widths)``.
 
-    Depth-d children of every valid depth-(d-1) node are drawn from ``logq[d-1]``. Nodes are
-    kept in BFS order; ``total_tokens`` (default: all) keeps the best-scoring draft nodes,
-    pinning every expanded node when sampling.
+    Depth-d children of every depth-(d-1) node are drawn from ``logq[d-1]``: the full product shape, whatever
+    the draws (no host sync; a zero-probability draw is an unreachable node, see the module docstring). Nodes
+    are kept in BFS order; ``total_tokens`` (default: all) keeps the best-scoring draft nodes, pinning every
+    expanded node when sampling.
     """
     device = logq.device
     widths = [min(int(w), logq.shape[-1]) for w in widths]  # never more candidates than tokens
     if logq.shape[0] < len(widths):
         raise ValueError(f"{len(widths)} tree depths need as many draft distributions, got {logq.shape[0]}.")
-    tokens = [torch.tensor([root_token], dtype=torch.long, device=device)]
+    tokens = [torch.as_tensor(root_token, dtype=torch.long, device=device).view(1)]
     parents = [torch.tensor([-1], dtype=torch.long, device=device)]
     depths = [torch.zeros(1, dtype=torch.long, device=device)]
     scores = [torch.zeros(1, dtype=torch.float32, device=device)]
     expanded, candidate_rows, expanded_depth = [], [], []
     max_width = max(widths)
     count = 1
-    level = torch.zeros(1, dtype=torch.long, device=device)  # valid nodes of the newest depth
+    level = torch.zeros(1, dtype=torch.long, device=device)  # the nodes of the newest depth
     level_scores = scores[0]
     for d, width in enumerate(widths, start=1):
-        if level.numel() == 0:
-            break
         n_parents = level.numel()
         child_tokens, child_logq = draw_candidates(logq[d - 1].view(1, -1).expand(n_parents, -1), width, sample,
                                                    generator)  # fmt: skip
@@ -114,8 +115,7 @@ def build_static_tree(
         expanded_depth.append(torch.full((n_parents,), d - 1, dtype=torch.long, device=device))
         candidate_rows.append(ids.view(n_parents, width))
         count += ids.numel()
-        valid = torch.isfinite(child_scores)
-        level, level_scores = ids[valid], child_scores[valid]
+        level, level_scores = ids, child_scores
 
     # Candidate rows are padded to the widest depth with a sentinel node (score -inf, never kept).
     sentinel = count

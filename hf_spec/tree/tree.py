@@ -8,6 +8,10 @@ For lossless sampling the tree also remembers, for every *expanded* node (a node
 children were drafted from one draft distribution), that distribution and the full ordered
 list of candidates drawn from it, including candidates that the final re-ranking pruned
 from the tree (see :mod:`hf_spec.verify`).
+
+Verification reaches a node only through its parent's candidate row (``candidate_nodes``). A
+tree may hold nodes that no row leads to (drafted with probability 0, kept so that a drafter's
+trees have a fixed size whatever the draws): they are verified, never accepted.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ class DraftTree:
         parents: (n,) parent index of each node, ``-1`` for the root.
         depths: (n,) depth of each node, 0 for the root.
         scores: (n,) cumulative draft log-probability of the root-to-node path (root: 0).
-        expanded: (m,) indices of the nodes whose children were drafted.
+        expanded: (m,) indices of the nodes whose children were drafted, ``-1`` for a row whose node
+            was pruned (its ``candidate_nodes`` are all ``-1``; rows stay so that m is fixed).
         candidate_tokens: (m, k) candidates drawn at each expanded node, in draw order,
             ``-1`` where fewer than k exist.
-        candidate_nodes: (m, k) the tree node holding each candidate, ``-1`` if pruned.
+        candidate_nodes: (m, k) the tree node holding each candidate, ``-1`` if pruned (or
+            unreachable: a draw of probability 0, whose candidate token is ``-1`` too).
         draft_probs: (m, V) the draft distribution each expanded node's candidates came
             from, or ``None`` (greedy drafting does not need it; in sampling mode ``None``
             means every candidate is a point-mass draft).

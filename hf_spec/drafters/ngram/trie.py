@@ -269,9 +269,11 @@ def graft_trie(tree: DraftTree, trie: TrieNodes, max_new: int | None = None) -> 
     cand = flat[3 * n + m :]
     old_tokens = [cand[r * k : (r + 1) * k] for r in range(m)]
     old_nodes = [cand[(m + r) * k : (m + r + 1) * k] for r in range(m)]
+    reachable = set(cand[m * k :])  # nodes a candidate row leads to (-1 included, never a child)
     kids: list[dict[int, int]] = [{} for _ in range(n)]
     for child in range(1, n):
-        kids[parents[child]].setdefault(tokens[child], child)
+        if child in reachable:  # an unreachable node (drafted with probability 0) is never followed
+            kids[parents[child]].setdefault(tokens[child], child)
     score_from = list(range(n))  # the drafted node whose score a node takes
     mapped, point_mass, added = {-1: 0}, {}, 0
     order = sorted(range(len(trie)), key=trie.ranks.__getitem__) if trie.ranks else range(len(trie))
@@ -320,7 +322,7 @@ def graft_trie(tree: DraftTree, trie: TrieNodes, max_new: int | None = None) -> 
         parents=tensor([new_index[parents[i]] if parents[i] >= 0 else -1 for i in bfs]),
         depths=tensor([depths[i] for i in bfs]),
         scores=tree.scores[tensor([score_from[i] for i in bfs])],
-        expanded=tensor([new_index[v] for v in expanded]),
+        expanded=tensor([new_index[v] if v >= 0 else -1 for v in expanded]),
         candidate_tokens=tensor([row + [-1] * (width - len(row)) for row in rows_tokens]),
         candidate_nodes=tensor([remap(row) for row in rows_nodes]),
         draft_probs=draft_probs,

@@ -59,10 +59,10 @@ class ParallelDrafter(EagleDrafter):
 
         ``mask_ids[b, i] = j`` (1..k) makes position i ``[MASK]_j``: its token embedding is the
         j-th mask embedding (``input_ids`` there is ignored) and its feature is zero; 0 marks
-        an ordinary (feature, token) pair.
+        an ordinary (feature, token) pair. None: no mask position (the caller knows: no host read here).
         """
         inputs_embeds = None
-        if mask_ids is not None and bool((mask_ids > 0).any()):
+        if mask_ids is not None:
             is_mask = (mask_ids > 0).unsqueeze(-1)
             token_ids = input_ids.masked_fill(mask_ids > 0, 0)
             embeds = self.embed(token_ids).to(self.mask_embedding.weight.dtype)

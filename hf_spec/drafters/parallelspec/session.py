@@ -47,7 +47,7 @@ class ParallelDraftingSession(EagleDraftingSession):
                 attention_mask=causal_mask(self.committed, m + k, features.dtype, device),
                 past_key_values=self.cache,
                 use_cache=True,
-                mask_ids=mask_ids.view(1, -1),
+                mask_ids=mask_ids.view(1, -1) if k else None,
             )
         finally:
             self.committed += m
@@ -63,6 +63,6 @@ class ParallelDraftingSession(EagleDraftingSession):
     def propose(self, features: torch.Tensor, next_tokens: torch.Tensor) -> DraftTree:
         """Commit the pairs and draft a static tree rooted at ``next_tokens[-1]``."""
         logq = self.draft_distributions(features, next_tokens)
-        return build_static_tree(int(next_tokens[-1]), logq, self.shape.widths, self.do_sample,
+        return build_static_tree(next_tokens[-1], logq, self.shape.widths, self.do_sample,
                                  total_tokens=self.shape.total_tokens)  # fmt: skip
 
