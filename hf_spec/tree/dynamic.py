@@ -210,12 +210,12 @@ def _select(tokens, parents, depths, scores, expanded, candidates, draft_probs, 
     """Keep the root and the ``total_tokens`` best nodes, renumbered in BFS order. A child never scores above its
     parent (ties: the parent's lower index wins), so ancestors of kept nodes are kept.
 
-    Fixed shapes, no host sync: the tree has ``1 + min(total_tokens, n - 1)`` nodes and one candidate row per
-    ``expanded`` node (``expanded`` -1 where that node was pruned). A kept node of priority -inf (non-finite score:
-    a draw the drafter gave probability 0, whose candidate token is already -1) is unreachable: no candidate row
-    leads to it, so verification never accepts it; it is there only when fewer nodes can be reached. With
-    ``min_score`` (pinned nodes aside) nodes below it are dropped instead: that floor exists to shrink the tree
-    (its growth reads the host anyway)."""
+    Without ``min_score`` every shape is fixed (no host sync): the tree has ``1 + min(total_tokens, n - 1)``
+    nodes, and always one candidate row per ``expanded`` node (``expanded`` -1 where that node was pruned). A
+    kept node of priority -inf (non-finite score: a draw the drafter gave probability 0, whose candidate token
+    is already -1) is unreachable: no candidate row leads to it, so verification never accepts it; it is there
+    only when fewer nodes can be reached. With ``min_score``, nodes below it (pinned ones aside) are dropped
+    instead: that floor exists to shrink the tree, and its growth reads the host anyway."""
     n = tokens.shape[0]
     device = tokens.device
     priority = scores.clone()
