@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The shipped SmolLM2-135M drafters, end to end on a 2-core CPU (drafters/README.md):
 #   1. self-distil 4,480 ShareGPT first turns, keeping the target's features (one target pass)
-#   2. train EAGLE, HASS, ParallelSpec and CORAL on that cache, EPOCHS (default 2) epochs each, same settings
+#   2. train EAGLE, HASS, ParallelSpec and CORAL on that cache, EPOCHS (default 2) epochs each, same settings, 128
+#      examples held out: training_summary.json's log_history holds the training and held-out top-1 curves
 #   3. publish each into drafters/; measure each drafter's shape candidates (tau, verified nodes) on held-aside
 #      prompts (33..37 of each set): the rungs the online speed controller chooses among
 #   4. benchmark: first 3 prompts of each set, then held-out prompts 6..8, all methods interleaved; then
@@ -23,7 +24,8 @@ DTYPE=${DTYPE:-$(python -c "from hf_spec.hardware import dtype_name, resolve_dty
 BF16=$([ "$DTYPE" = bfloat16 ] && echo --bf16 || true)
 COMMON="--target_model smollm2-135m-instruct --dataset sharegpt --feature_cache $CACHE --max_length 512
   --num_train_epochs $EPOCHS --per_device_train_batch_size 8 --learning_rate 5e-4 --warmup_steps 20 $BF16 --use_cpu
-  --logging_steps 10 --save_steps 50 --save_total_limit 2 --report_to none"
+  --logging_steps 10 --save_steps 50 --save_total_limit 2 --report_to none
+  --eval_examples 128 --eval_strategy steps --eval_steps 250 --per_device_eval_batch_size 8"
 
 if [[ " $STEPS " == *" distill "* ]]; then
   OMP_NUM_THREADS=2 python -m hf_spec.training.distill --target_model smollm2-135m-instruct --dataset sharegpt \
