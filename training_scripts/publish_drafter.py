@@ -111,7 +111,8 @@ def main(argv=None):
         if os.path.exists(path):
             summary = json.load(open(path))
             info.update({k: summary[k] for k in ("method", "global_step", "train_runtime_s", "final_train_loss",
-                                                 "examples", "draft_vocab_size", "draft_vocab_coverage")
+                                                 "examples", "held_out_examples", "num_train_epochs",
+                                                 "draft_vocab_size", "draft_vocab_coverage")
                          if k in summary})  # fmt: skip
     info["datasets"] = [args.datasets]
     if args.command:

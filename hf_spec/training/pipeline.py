@@ -300,7 +300,9 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
     result = trainer.train(resume_from_checkpoint=resume)
     if trainer.is_world_process_zero():
         drafter.save_pretrained(training_args.output_dir)
-        summary = {"method": method, "data": asdict(data_args), "feature_cache": cache, "examples": len(dataset),
+        summary = {"method": method, "data": asdict(data_args), "feature_cache": cache,
+                   "examples": len(trainer.train_dataset), "held_out_examples": data_args.eval_examples,
+                   "num_train_epochs": training_args.num_train_epochs,
                    "draft_vocab_size": drafter.config.draft_vocab_size, "draft_vocab_coverage": coverage,
                    "global_step": trainer.state.global_step, "train_runtime_s": result.metrics.get("train_runtime"),
                    "total_wall_s": time.time() - start, "final_train_loss": result.training_loss,
