@@ -26,7 +26,7 @@ from hf_spec.training.losses import (
     topk_distillation_loss,
 )
 from hf_spec.training.parallelspec import ParallelTrainer, ParallelTrainingArguments
-from hf_spec.training.pipeline import assistant_token_counts
+from hf_spec.training.pipeline import assistant_token_counts, split_held_out
 from hf_spec.training.trainers import (
     CoralTrainer,
     CoralTrainingArguments,
@@ -275,8 +275,6 @@ def test_feature_cache_resumed_with_other_conversations_is_refused(feature_cache
 # --------------------------------------------------------------------------------------------
 def _trainer(cls, args_cls, target, path, out_dir, seed=0, drafter_class=hf_spec.EagleDrafter, held_out=0,
              **overrides):
-    from hf_spec.training.pipeline import split_held_out
-
     dataset, storage = load_feature_cache(path)
     dataset, eval_dataset = split_held_out(dataset, held_out)
     torch.manual_seed(seed)
@@ -579,8 +577,6 @@ def test_a_run_logs_training_and_held_out_top1_curves(kind, feature_cache, tmp_p
     """With a held-out split and step evaluations, the log history holds the training and the held-out teacher-forced
     top-1 (per alignment step for HASS, per [MASK] depth for ParallelSpec), and the held-out examples are not
     trained on."""
-    from hf_spec.training.pipeline import split_held_out
-
     target, path = feature_cache
     dataset, _ = load_feature_cache(path)
     train, held = split_held_out(dataset, 6)

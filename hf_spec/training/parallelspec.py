@@ -412,26 +412,15 @@ class ParallelTrainer(_LoggedTermsMixin, Trainer):
         result = parallel_eagle_loss(drafter, input_ids, hidden_states, layout, loss_mask,
                                      getattr(args, "w_reg", 1.0), getattr(args, "w_cls", 0.1),
                                      greedy_labels=getattr(args, "greedy_labels", False))  # fmt: skip
-        self._record_depths(result, drafter.config.num_mask_tokens + 1, "" if model.training else "eval_")
+        self._record_depths(result, drafter.config.num_mask_tokens + 1)
         loss = result["loss"]
         return (loss, result) if return_outputs else loss
 
-    def _record_depths(self, result: dict, num_depths: int, prefix: str) -> None:
-        sums = self.__dict__.setdefault("_depth_sums", {})
-        total = sums.setdefault(prefix, torch.zeros(2, num_depths, dtype=torch.float64))
+    def _record_depths(self, result: dict, num_depths: int) -> None:
+        """Each depth's teacher-forced top-1, weighted by its positions (the log pools them over the steps)."""
         for d in range(num_depths):
             if f"count_{d}" in result:
-                count = float(result[f"count_{d}"])
-                total[0, d] += round(float(result[f"top1_{d}"]) * count)
-                total[1, d] += count
-
-    def log(self, logs, *args, **kwargs):
-        prefix = "eval_" if any(str(key).startswith("eval_") for key in logs) else ""
-        total = self.__dict__.get("_depth_sums", {}).pop(prefix, None)
-        if total is not None:
-            logs = {**logs, **{f"{prefix}top1_d{d}": round(float(total[0, d] / total[1, d]), 5)
-                               for d in range(total.shape[1]) if total[1, d] > 0}}  # fmt: skip
-        return super().log(logs, *args, **kwargs)
+                self._record(weight=float(result[f"count_{d}"]), **{f"top1_d{d}": result[f"top1_{d}"]})
 
 
 def collate_features(rows: list[dict]) -> dict[str, torch.Tensor]:

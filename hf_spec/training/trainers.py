@@ -98,11 +98,13 @@ class _LoggedTermsMixin:
     logged_prefixes = ("top1",)
     """Keys of ``compute_loss``'s output dict that are logged (every key starting with one of these)."""
 
-    def _record(self, **terms):
+    def _record(self, weight: float = 1.0, **terms):
+        """Add ``terms`` (name -> value) to the sums the next log averages, each counted ``weight`` times (e.g. the
+        positions a batch's mean was taken over, so the logged value pools the positions exactly)."""
         sums = self.__dict__.setdefault("_term_sums", {}).setdefault("" if self.model.training else "eval_", {})
         for name, value in terms.items():
-            total, count = sums.get(name, (0.0, 0))
-            sums[name] = (total + float(value), count + 1)
+            total, count = sums.get(name, (0.0, 0.0))
+            sums[name] = (total + float(value) * weight, count + weight)
 
     def _record_outputs(self, out: dict) -> None:
         self._record(**{k: v for k, v in out.items() if k.startswith(self.logged_prefixes)})
