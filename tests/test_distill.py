@@ -99,15 +99,17 @@ def test_feature_trainers_batch_similar_lengths(tmp_path):
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
     import hf_spec
-    from hf_spec.training.pipeline import _feature_trainer
+    from hf_spec.training.pipeline import _feature_trainer, training_split
     from hf_spec.training.trainers import HassTrainingArguments
 
     target, path = _feature_cache(str(tmp_path))
     dataset, storage = load_feature_cache(path)
     args = HassTrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True, per_device_train_batch_size=4,
                                  report_to="none")
+    train_set, held_out = training_split(dataset, args)
+    assert held_out is None
     trainer = _feature_trainer(hf_spec.training.trainers.HassTrainer, hf_spec.EagleDrafter.from_target(target), args,
-                               dataset, storage, tiny_chat_tokenizer())
+                               train_set, held_out, storage, tiny_chat_tokenizer())
     sampler = trainer._get_train_sampler()
     assert isinstance(sampler, LengthGroupedSampler)
     lengths = trainer.train_dataset["length"]

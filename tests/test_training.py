@@ -572,6 +572,32 @@ def test_top1_accuracy_counts_out_of_vocabulary_targets_as_misses():
     assert top1_accuracy(predicted, target, in_vocab, loss_mask).item() == pytest.approx(1 / 3)
 
 
+def test_the_draft_vocabulary_is_counted_on_the_training_examples_only(feature_cache, tmp_path, monkeypatch):
+    """train_drafter splits the held-out examples off before it counts the draft vocabulary, so nothing learnt
+    before training has seen them, and the Trainer trains and evaluates on the same split."""
+    from hf_spec.training import pipeline
+
+    target, path = feature_cache
+    dataset, storage = load_feature_cache(path)
+    monkeypatch.setattr(pipeline, "prepare_features",
+                        lambda data_args, training_args, aux=None: (target, tiny_chat_tokenizer(), path, dataset, storage))
+    counted = []
+    real_attach = pipeline.attach_draft_vocab
+    monkeypatch.setattr(pipeline, "attach_draft_vocab", lambda d, data, size: counted.append(data) or real_attach(d, data, size))
+    trained = []
+    monkeypatch.setattr(EagleTrainer, "train", lambda self, **kw: trained.append(self) or type("R", (), {
+        "metrics": {}, "training_loss": 0.0})())  # fmt: skip
+    data_args = pipeline.DataArguments(draft_vocab_size=24, eval_examples=6)
+    args = EagleTrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True, report_to="none", max_steps=1)
+    pipeline.train_drafter("eagle", data_args, args)
+    _, held = split_held_out(dataset, 6)
+    held_rows = {tuple(x) for x in held["input_ids"]}
+    assert len(counted) == 1 and len(counted[0]) == len(dataset) - 6
+    assert not {tuple(x) for x in counted[0]["input_ids"]} & held_rows
+    assert {tuple(x) for x in trained[0].eval_dataset["input_ids"]} == held_rows
+    assert len(trained[0].train_dataset) == len(dataset) - 6
+
+
 @pytest.mark.parametrize("kind", ["eagle", "hass", "parallelspec"])
 def test_a_run_logs_training_and_held_out_top1_curves(kind, feature_cache, tmp_path):
     """With a held-out split and step evaluations, the log history holds the training and the held-out teacher-forced

@@ -226,12 +226,18 @@ def split_held_out(dataset, eval_examples: int, seed: int = 0):
     return split["train"], split["test"]
 
 
-def _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer, eval_examples: int = 0):
-    """``trainer_class`` over a feature cache (batches from :class:`FeatureCollator`), with ``eval_examples`` of it
-    held out as the evaluation set (:func:`split_held_out`)."""
+def training_split(dataset, training_args, eval_examples: int = 0):
+    """(training set, held-out set or None) of a feature cache (:func:`split_held_out`), lengths added where
+    Trainer's ``group_by_length`` sampling needs them. Whatever is learnt from the data before training (the
+    draft vocabulary, the router's groups) is counted on the training set only."""
     if getattr(training_args, "train_sampling_strategy", None) == "group_by_length":
         dataset = with_lengths(dataset, training_args.length_column_name)
-    dataset, held_out = split_held_out(dataset, eval_examples)
+    return split_held_out(dataset, eval_examples)
+
+
+def _feature_trainer(trainer_class, drafter, training_args, dataset, held_out, storage, tokenizer):
+    """``trainer_class`` over the training set ``dataset`` of a feature cache (batches from
+    :class:`FeatureCollator`), with ``held_out`` (None: none) as the evaluation set (:func:`training_split`)."""
     return trainer_class(
         model=drafter,
         args=training_args,
@@ -249,14 +255,14 @@ def train_router(drafter_path: str, data_args: DataArguments, training_args) -> 
     target = target.float()
     drafter = method_drafter_class("coral").from_pretrained(drafter_path).bind(target)
     drafter.config.training_method = "coral"
+    dataset, held_out = training_split(dataset, training_args, data_args.eval_examples)
     counts = assistant_token_counts(dataset, drafter.config.target_vocab_size)
     if drafter.has_draft_vocab:  # the router's groups partition the draft vocabulary (D indices)
         counts = counts[drafter.draft_ids.cpu()]
     order = frequency_order(counts)
     drafter.requires_grad_(False)
     drafter.add_router(order, training_args.router_num_groups, training_args.router_top_n).requires_grad_(True)
-    trainer = _feature_trainer(RouterTrainer, drafter, training_args, dataset, storage, tokenizer,
-                               data_args.eval_examples)  # fmt: skip
+    trainer = _feature_trainer(RouterTrainer, drafter, training_args, dataset, held_out, storage, tokenizer)
     result = trainer.train()
     if trainer.is_world_process_zero():
         drafter.save_pretrained(training_args.output_dir)
@@ -281,6 +287,7 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
         aux_layer_ids = given or (lambda t: default_aux_layer_ids(t.config.get_text_config().num_hidden_layers))
     target, tokenizer, cache, dataset, storage = prepare_features(data_args, training_args, aux_layer_ids)
     target = target.float()  # the drafter trains in fp32 (bf16 autocast via --bf16) against the fp32 LM head
+    dataset, held_out = training_split(dataset, training_args, data_args.eval_examples)
     if data_args.init_drafter:
         drafter, coverage = warm_start_drafter(drafter_class, data_args.init_drafter, target, method, dataset,
                                                data_args.num_layers)  # fmt: skip
@@ -290,8 +297,7 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
         coverage = attach_draft_vocab(drafter, dataset, data_args.draft_vocab_size)
     if cache_is_self_distilled(cache) and hasattr(training_args, "greedy_labels"):
         training_args.greedy_labels = True  # answer tokens are the target's greedy choices: no full-head argmax
-    trainer = _feature_trainer(trainer_class, drafter, training_args, dataset, storage, tokenizer,
-                               data_args.eval_examples)  # fmt: skip
+    trainer = _feature_trainer(trainer_class, drafter, training_args, dataset, held_out, storage, tokenizer)
     resume = training_args.resume_from_checkpoint
     if resume is None and os.path.isdir(training_args.output_dir):
         resume = get_last_checkpoint(training_args.output_dir)  # resume a killed run by default
