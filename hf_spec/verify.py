@@ -131,6 +131,12 @@ def _identity(node: int, raw: torch.Tensor) -> torch.Tensor:
     return raw
 
 
+def _row_nodes(expanded: torch.Tensor, n: int) -> torch.Tensor:
+    """The node of each of a tree's expanded rows, ``n`` (a spare slot past the tree's nodes) for the rows of a
+    fixed-size tree that expanded no node (-1), so that writes indexed by it need no data-dependent shape."""
+    return torch.where(expanded >= 0, expanded, n)
+
+
 def greedy_plan(tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
     """The greedy walk of :func:`walk_tree` (no logits processors) as device tensor ops.
 
@@ -150,7 +156,7 @@ def greedy_plan(tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
         hits = tree.candidate_tokens.to(device) == best[expanded].view(-1, 1)  # (m, k)
         first = hits.to(torch.uint8).argmax(dim=1, keepdim=True)  # first hit in draw order
         child = tree.candidate_nodes.to(device).gather(1, first).view(-1)
-        chosen[torch.where(expanded >= 0, expanded, n)] = torch.where(hits.any(dim=1), child, -1)
+        chosen[_row_nodes(expanded, n)] = torch.where(hits.any(dim=1), child, -1)
     chosen = chosen[:n]
     parents = tree.parents.to(device)
     was_chosen = chosen[parents.clamp(min=0)] == arange
@@ -195,7 +201,7 @@ def walk_tree(
     n = len(tree)
     slot_of_node = torch.full((n + 1,), -1, dtype=torch.long)  # [n]: rows of pruned nodes
     expanded = tree.expanded.cpu()
-    slot_of_node[torch.where(expanded >= 0, expanded, n)] = torch.arange(expanded.shape[0])
+    slot_of_node[_row_nodes(expanded, n)] = torch.arange(expanded.shape[0])
     node = 0
     while True:
         raw = yield node
