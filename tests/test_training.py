@@ -433,7 +433,8 @@ def test_hass_trainer_under_accelerate_launch_two_processes(tmp_path):
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script)]  # fmt: skip
         result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
+        rank0 = "\n".join(line for line in result.stderr.splitlines() if "[rank0]" in line)
+        assert result.returncode == 0, rank0[-3000:] + "\n...\n" + result.stderr[-2000:]  # the failing rank first
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
     assert (tmp_path / "run" / "checkpoint-4").is_dir()
     for resume in (False, True):
