@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -586,8 +587,8 @@ def test_the_draft_vocabulary_is_counted_on_the_training_examples_only(feature_c
     real_attach = pipeline.attach_draft_vocab
     monkeypatch.setattr(pipeline, "attach_draft_vocab", lambda d, data, size: counted.append(data) or real_attach(d, data, size))
     trained = []
-    monkeypatch.setattr(EagleTrainer, "train", lambda self, **kw: trained.append(self) or type("R", (), {
-        "metrics": {}, "training_loss": 0.0})())  # fmt: skip
+    monkeypatch.setattr(EagleTrainer, "train",
+                        lambda self, **kw: trained.append(self) or SimpleNamespace(metrics={}, training_loss=0.0))
     data_args = pipeline.DataArguments(draft_vocab_size=24, eval_examples=6)
     args = EagleTrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True, report_to="none", max_steps=1)
     pipeline.train_drafter("eagle", data_args, args)
