@@ -129,11 +129,15 @@ def test_teacher_labels_are_the_teachers_greedy_next_tokens():
 
 
 def test_search_thresholds_default_grid_has_no_equivalent_candidates():
-    target, drafter = sorted_pair()
-    _, results = search_thresholds(drafter, target, [random_prompt(6, seed=2)], max_new_tokens=3, record=False)
+    target, drafter = sorted_pair()  # the target's listed thresholds: (0.5, 0.5, 0.0)
+    _, results = search_thresholds(drafter, target, [random_prompt(6, seed=2)], max_new_tokens=3, repeats=1,
+                                   record=False)  # fmt: skip
     candidates = [tuple(r["thresholds"]) for r in results]
     assert len(candidates) == len(set(candidates)) == 1 + 4 * 5  # first exit 0.0 makes the rest unreachable
     assert all(t[1:] == (0.0, 0.0) for t in candidates if t[0] == 0.0)
+    speeds = [r["tokens_per_second"] for r in results]
+    assert speeds == sorted(speeds, reverse=True) and all(v > 0 for v in speeds)
+    assert drafter.thresholds == drafter.config.targets[0]["thresholds"] == [0.5, 0.5, 0.0]  # record=False
 
 
 def test_threshold_grid_drops_unreachable_duplicates():
@@ -231,12 +235,76 @@ def test_search_thresholds_picks_and_records_the_best():
     prompts = [random_prompt(8, seed=s) for s in (3, 4)]
     candidates = [[0.0, 0.0, 0.0], [0.6, 0.6, 0.0], [2.0, 2.0, 0.0]]
     best, results = search_thresholds(drafter, target, prompts, candidates=candidates, max_new_tokens=10)
-    assert [r["proxy"] for r in results] == sorted((r["proxy"] for r in results), reverse=True)
+    speeds = [r["tokens_per_second"] for r in results]
+    assert speeds == sorted(speeds, reverse=True)
+    assert sorted(r["thresholds"] for r in results) == sorted(candidates)  # each candidate once
     assert best == results[0]["thresholds"] and best in candidates
     assert drafter.config.targets[0]["thresholds"] == best and drafter.thresholds == best
     by = {tuple(r["thresholds"]): r for r in results}
-    assert by[(0.0, 0.0, 0.0)]["exit_counts"][1:] == [0, 0]
-    assert by[(2.0, 2.0, 0.0)]["exit_counts"][:2] == [0, 0]
+    first_only, last_only = by[(0.0, 0.0, 0.0)]["exit_counts"], by[(2.0, 2.0, 0.0)]["exit_counts"]
+    assert first_only[0] > 0 and first_only[1:] == [0, 0]  # 0.0 at the first exit: every draft leaves there
+    assert last_only[:2] == [0, 0] and last_only[2] > 0  # > 1 never fires: the last exit only
+    for thresholds in candidates:  # the counts and tau are those of generate() with these thresholds
+        drafter.set_thresholds(thresholds)
+        runs = []
+        for prompt in prompts:
+            target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=10, speed_controller=False)
+            runs.append(drafter.last_generation_stats)
+        r = by[tuple(thresholds)]
+        accepted = [a for s in runs for a in s.accepted_lengths]
+        assert r["cycles"] == len(accepted) > 0 and r["new_tokens"] == sum(s.new_tokens for s in runs)
+        assert r["tau"] == pytest.approx(sum(accepted) / len(accepted) + 1.0)
+        assert r["exit_counts"] == [sum(c) for c in zip(*(s.early_exits.exit_counts for s in runs))]
+        assert sum(r["exit_counts"]) > 0
+
+
+def test_search_thresholds_times_every_candidate_repeats_times_and_keeps_its_best_round(monkeypatch):
+    """Warm-up once per candidate, then ``repeats`` rounds of every (prompt, candidate), rotating the order;
+    a candidate fast only in round 1 of 3 is scored by round 1, not the first, last or mean (a fake clock)."""
+    from hf_spec.drafters.s2d import thresholds as thresholds_module
+
+    target, drafter = sorted_pair()
+    prompts = [random_prompt(7, seed=s) for s in (5, 6)]
+    candidates = [[0.0, 0.0, 0.0], [0.6, 0.6, 0.0], [2.0, 2.0, 0.0]]
+    flaky = (2.0, 2.0, 0.0)
+    now = [0.0]
+    calls = []  # (thresholds, prompt index, max_new_tokens)
+    generate = target.generate
+
+    def counted_generate(prompt, **kwargs):
+        out = generate(prompt, **kwargs)
+        thresholds = tuple(drafter.thresholds)
+        calls.append((thresholds, next(i for i, p in enumerate(prompts) if torch.equal(p, prompt)),
+                      kwargs["max_new_tokens"]))  # fmt: skip
+        timed_before = sum(c[0] == thresholds for c in calls) - 2  # this candidate's earlier timed calls
+        if thresholds == flaky:
+            now[0] += 1.0 if timed_before // len(prompts) == 1 else 10.0  # fast in round 1 only
+        else:
+            now[0] += 2.0
+        return out
+
+    monkeypatch.setattr(target, "generate", counted_generate)
+    monkeypatch.setattr(thresholds_module.timing, "clock", lambda device=None: now[0])
+    _, results = search_thresholds(drafter, target, prompts, candidates=candidates, max_new_tokens=10, repeats=3)
+
+    n = len(candidates)
+    assert len(calls) == n * (1 + 3 * len(prompts))
+    warmups, timed = calls[:n], calls[n:]
+    assert sorted(list(t) for t, _, _ in warmups) == sorted(candidates)
+    assert all(p == 0 and m == 8 for _, p, m in warmups)  # the first prompt, min(8, max_new_tokens) tokens
+    assert all(m == 10 for _, _, m in timed)
+    order = [tuple(c) for c in candidates]
+    for r in range(3):
+        for p in range(len(prompts)):
+            block = timed[(r * len(prompts) + p) * n : (r * len(prompts) + p + 1) * n]
+            assert [b[1] for b in block] == [p] * n
+            assert [b[0] for b in block] == [order[(r + p + i) % n] for i in range(n)]  # rotating start
+    by = {tuple(r["thresholds"]): r for r in results}
+    assert by[flaky]["tokens_per_second"] == pytest.approx(by[flaky]["new_tokens"] / (1.0 * len(prompts)))
+    for t in order[:2]:
+        assert by[t]["tokens_per_second"] == pytest.approx(by[t]["new_tokens"] / (2.0 * len(prompts)))
+    speeds = [r["tokens_per_second"] for r in results]
+    assert speeds == sorted(speeds, reverse=True)
 
 
 # -- draft vocabulary (issue #16 item 1): exits score D rows, verification stays over the full vocabulary --

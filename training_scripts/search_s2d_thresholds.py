@@ -1,11 +1,11 @@
 """Pick a trained S2D drafter's per-target thresholds on held-out prompts (S2D §4.4.1).
 
-For each target, runs :func:`hf_spec.drafters.s2d.search_thresholds` (greedy, by default
-the deterministic ``proxy`` metric: tokens per target-forward-equivalent, so the choice does
-not depend on machine load) on benchmark prompts that the benchmark itself does not use
-(``--offset``: skip that many prompts of each data set; ``hf-spec bench --limit N`` uses the
-first N), writes the chosen thresholds into the drafter's ``config.json`` (only the config is
-rewritten) and every candidate's scores to ``--out``.
+For each target, runs :func:`hf_spec.drafters.s2d.search_thresholds` (greedy; ranks the candidates
+by measured tokens per second, each candidate and prompt timed ``--repeats`` times, interleaved, best
+time kept: run it on a quiet machine, in the ``--dtype`` you deploy) on benchmark prompts that the
+benchmark itself does not use (``--offset``: skip that many prompts of each data set;
+``hf-spec bench --limit N`` uses the first N), writes the chosen thresholds into the drafter's
+``config.json`` (only the config is rewritten) and every candidate's scores to ``--out``.
 
     python training_scripts/search_s2d_thresholds.py --drafter runs/s2d-qwen \\
         --targets qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct --offset 10 --per-dataset 1 \\
@@ -35,7 +35,7 @@ def main(argv=None):
     p.add_argument("--per-dataset", type=int, default=1, help="held-out prompts per data set")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--grid", type=float, nargs="+", default=None, help="thresholds tried at each non-final exit")
-    p.add_argument("--metric", default="proxy", choices=["proxy", "tokens_per_second"])
+    p.add_argument("--repeats", type=int, default=2, help="timed rounds; each (candidate, prompt) keeps its best")
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None, help="JSON file for all candidates' scores")
@@ -45,7 +45,7 @@ def main(argv=None):
     dtype = DTYPES[args.dtype]
     drafter = SortedDrafter.from_pretrained(args.drafter, dtype=dtype).eval()
     candidates = threshold_grid(args.grid, len(drafter.config.exits)) if args.grid else None
-    report = {"drafter": args.drafter, "metric": args.metric, "dtype": args.dtype, "offset": args.offset,
+    report = {"drafter": args.drafter, "repeats": args.repeats, "dtype": args.dtype, "offset": args.offset,
               "max_new_tokens": args.max_new_tokens, "targets": {}}  # fmt: skip
     for name in args.targets:
         target, tokenizer = load_model(name, dtype)
@@ -55,11 +55,11 @@ def main(argv=None):
             records = BENCH_DATASETS[ds]()[args.offset : args.offset + args.per_dataset]
             prompts += [torch.tensor([render_prompt(tokenizer, r)]) for r in records]
         start = time.perf_counter()
-        best, results = search_thresholds(drafter, target, prompts, candidates=candidates, metric=args.metric,
+        best, results = search_thresholds(drafter, target, prompts, candidates=candidates, repeats=args.repeats,
                                           max_new_tokens=args.max_new_tokens)  # fmt: skip
         print(f"{name}: best {best} ({time.perf_counter() - start:.0f} s)", flush=True)
         for r in results:
-            print(f"  {r['thresholds']}  proxy {r['proxy']:.3f}  tok/s {r['tokens_per_second']:.2f}  "
+            print(f"  {r['thresholds']}  tok/s {r['tokens_per_second']:.2f}  tau {r['tau']:.2f}  "
                   f"exits {r['exit_counts']}  cycles {r['cycles']}  tokens {r['new_tokens']}", flush=True)  # fmt: skip
         report["targets"][name] = {"best": best, "prompts": len(prompts), "results": results}
         drafter._bound_target = None  # the next target binds afresh

@@ -13,10 +13,6 @@ from ... import timing
 from .model import SortedDrafter
 
 
-def _param_count(module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
 def threshold_grid(values, num_exits: int) -> list[list[float]]:
     """Every combination of ``values`` over the non-final exits (the last gets 0.0), without
     equivalent duplicates: exits after one with threshold <= 0 are never reached, so theirs are set to 0.0."""
@@ -36,72 +32,79 @@ def search_thresholds(
     target: PreTrainedModel,
     prompts: list[torch.Tensor],
     candidates: list | None = None,
-    metric: str = "proxy",
     max_new_tokens: int = 32,
+    repeats: int = 2,
     record: bool = True,
     **generate_kwargs,
 ):
-    """Pick ``target``'s thresholds on held-out ``prompts`` (greedy), as in §4.4.1.
+    """Pick ``target``'s thresholds on held-out ``prompts`` (greedy), as in §4.4.1, by measured speed.
 
-    Each candidate (one threshold per exit) is scored over all prompts by:
-
-    - ``"tokens_per_second"``: measured new tokens / wall seconds of ``generate()`` (use on a
-      quiet machine, in the dtype you deploy);
-    - ``"proxy"`` (default, deterministic): new tokens per target-forward-equivalent, i.e.
-      τ / cost, with cost = target forwards + drafter work counted in weights read: each layer
-      call costs one drafter layer's parameters and each exit tried one LM head, relative to
-      the target's non-embedding parameters.
+    Each candidate (one threshold per exit) first runs one untimed warm-up ``generate()``. Then, in
+    ``repeats`` rounds, every prompt runs every candidate, interleaved in a rotating order (round r, prompt
+    p starts at candidate (r + p) mod n), so a drift of the machine's speed spreads over all candidates; each
+    (candidate, prompt) keeps its best wall time of the rounds. A candidate's score, ``tokens_per_second``, is
+    its new tokens over all prompts / the sum of those best times. Run it on a quiet machine, in the dtype you
+    deploy.
 
     ``candidates`` default: every combination of (0.0, 0.6, 0.8, 0.95, 1.01) over the non-final
-    exits, without duplicates (after a 0.0 the later thresholds are never reached). Returns ``(best_thresholds, results)``, results a list of dicts sorted best first.
-    ``record``: store the best in ``drafter.config.targets`` and make them active.
+    exits, without duplicates (after a 0.0 the later thresholds are never reached). Returns
+    ``(best_thresholds, results)``: results a list of dicts (``thresholds``, ``tokens_per_second``,
+    ``new_tokens``, ``cycles``: verification cycles, ``tau``: accepted drafts per cycle + 1 over all
+    prompts' cycles as :attr:`GenerationStats.tau <hf_spec.stats.GenerationStats.tau>`, ``exit_counts``),
+    fastest first. ``record``: store the best in ``drafter.config.targets`` and make them active.
     """
-    if metric not in ("proxy", "tokens_per_second"):
-        raise ValueError(f"metric must be 'proxy' or 'tokens_per_second', got {metric!r}.")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}.")
+    if not prompts:
+        raise ValueError("search_thresholds needs at least one prompt.")
     num_exits = len(drafter.config.exits)
     if candidates is None:
         grid = (0.0, 0.6, 0.8, 0.95, 1.01)
         candidates = threshold_grid(grid, num_exits)
+    candidates = [list(c) for c in candidates]
+    if not candidates:
+        raise ValueError("search_thresholds needs at least one candidate.")
     if not drafter.is_bound_to(target):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             drafter.bind(target)
-    layer_cost = _param_count(drafter.layers[0])
-    head_cost = drafter.draft_head().weight.numel() if drafter.has_draft_vocab else drafter.lm_head.weight.numel()
-    if drafter.exit_maps is not None:  # an exit tried also runs its adapter (the last has none: a small overcount)
-        head_cost += drafter.exit_maps[0].weight.numel()
-    target_cost = _param_count(target) - target.get_input_embeddings().weight.numel()
-    if getattr(target.config.get_text_config(), "tie_word_embeddings", False):
-        target_cost += target.get_input_embeddings().weight.numel()  # the tied head is still read
-    results = []
+
+    def run(prompt, new_tokens):  # the drafter's current thresholds, every cycle (no speed controller)
+        target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=new_tokens,
+                        speed_controller=False, **generate_kwargs)  # fmt: skip
+
+    n = len(candidates)
+    best_seconds = [[float("inf")] * len(prompts) for _ in range(n)]
+    best_stats = [[None] * len(prompts) for _ in range(n)]
     saved = list(drafter.thresholds)
     try:
-        for thresholds in candidates:
+        for thresholds in candidates:  # untimed: first-call allocations and kernel choices
             drafter.set_thresholds(thresholds)
-            tokens = cycles = 0
-            drafter_cost = 0.0
-            seconds = 0.0
-            counts = [0] * num_exits
-            for prompt in prompts:
-                start = timing.clock(drafter.device)
-                target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens,
-                                speed_controller=False, **generate_kwargs)  # these thresholds, every cycle
-                seconds += timing.clock(drafter.device) - start
-                stats = drafter.last_generation_stats
-                exits = stats.early_exits
-                tokens += stats.new_tokens
-                cycles += stats.cycles + 1  # + the prefill
-                drafter_cost += exits.layer_calls * layer_cost + exits.head_calls * head_cost
-                counts = [a + b for a, b in zip(counts, exits.exit_counts)]
-            proxy = tokens / (cycles + drafter_cost / target_cost)
-            results.append(dict(thresholds=list(thresholds), proxy=proxy, tokens_per_second=tokens / max(seconds, 1e-9),
-                                new_tokens=tokens, cycles=cycles, exit_counts=counts))  # fmt: skip
+            run(prompts[0], min(8, max_new_tokens))
+        for r in range(repeats):
+            for p, prompt in enumerate(prompts):
+                for i in range(n):
+                    c = (r + p + i) % n
+                    drafter.set_thresholds(candidates[c])
+                    start = timing.clock(drafter.device)
+                    run(prompt, max_new_tokens)
+                    seconds = timing.clock(drafter.device) - start
+                    if seconds < best_seconds[c][p]:
+                        best_seconds[c][p], best_stats[c][p] = seconds, drafter.last_generation_stats
     finally:
         drafter.thresholds = saved
-    results.sort(key=lambda r: -r[metric])
+    results = []
+    for thresholds, seconds, stats in zip(candidates, best_seconds, best_stats):
+        tokens = sum(s.new_tokens for s in stats)
+        accepted = sum(sum(s.accepted_lengths) for s in stats)
+        cycles = sum(s.cycles for s in stats)
+        counts = [sum(c) for c in zip(*(s.early_exits.exit_counts for s in stats))]
+        results.append(dict(thresholds=thresholds, tokens_per_second=tokens / max(sum(seconds), 1e-9),
+                            new_tokens=tokens, cycles=cycles, tau=accepted / cycles + 1.0 if cycles else float("nan"),
+                            exit_counts=counts))  # fmt: skip
+    results.sort(key=lambda res: -res["tokens_per_second"])
     best = results[0]["thresholds"]
     if record:
         drafter.config.set_target_thresholds(target.config, best)
         drafter.set_thresholds(best)
     return best, results
-
