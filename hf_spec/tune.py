@@ -395,9 +395,10 @@ def measure_candidates(model, drafter, prompts: Sequence[torch.Tensor], candidat
     """τ and mean verified nodes per cycle of each candidate (a dict of :data:`CANDIDATE_OPTIONS`),
     from real greedy generations of ``prompts``, candidates interleaved per prompt.
 
-    Neither number depends on the machine (greedy decoding emits the target's tokens whatever the
-    tree; in bf16 near-ties can round differently, a ±0.05 noise on τ): they are the priors the online
-    controller (:mod:`hf_spec.controller`) starts from before it measures each candidate on this machine."""
+    Greedy decoding emits the target's tokens whatever the tree (in bf16 near-ties can round differently, a ±0.05
+    noise on τ), but with ``ngram_cost_gate`` the drafter runs only on the cycles where this process's measured
+    drafting time says it pays, so measure on a quiet machine. They are the priors the online controller
+    (:mod:`hf_spec.controller`) starts from before it measures each candidate on this machine."""
     if not drafter.is_bound_to(model):
         drafter.bind(model)
     for candidate in candidates:

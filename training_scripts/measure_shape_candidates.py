@@ -4,7 +4,9 @@ them into the folder's config (``tree_shape_candidates``): the rungs the online 
 
     python training_scripts/measure_shape_candidates.py drafters/smollm2-135m-instruct-hass [FOLDER ...]
 
-Neither number depends on the machine's speed (greedy τ and node counts), so this may run beside other work.
+Run it alone on a quiet machine: the n-gram cost gate of these folders decides each cycle from this process's
+measured drafting time, so τ and node counts depend on the machine's load (beside a training job every candidate
+measured the same τ, 2.4764: the gate had stopped drafting).
 Prompts: ``--skip``..``--skip + --prompts - 1`` of MT-bench, HumanEval and GSM8K (default 33..37: never the
 benchmarks' first prompts). ParallelSpec folders get the static-tree ladder, the others the EAGLE-family one.
 """
