@@ -5,19 +5,20 @@ controller on in both, interleaved with plain greedy and transformers' prompt lo
     python benchmarks/fresh_machine/cost_gate_ab.py float32 [eagle]
     python benchmarks/fresh_machine/cost_gate_ab.py bfloat16 [eagle]
 
-Prompts held aside from fresh_machine.py's set (which no choice may use): the demo's three, prompts 45-46 of
-MT-bench, HumanEval and GSM8K and code edits 10-11 (the ``hf-spec bench`` sets: ``hf_spec.bench.datasets`` is the
-one import beyond the top-level API). 128 new tokens, greedy, best of 2 (second round in reverse order)."""
+Prompts held aside from fresh_machine.py's set (which no choice may use), as token ids in
+cost_gate_prompts.json: the demo's three, prompts 45-46 of MT-bench, HumanEval and GSM8K and code edits 10-11 (the
+``hf-spec bench`` sets, each in the target's chat template). 128 new tokens, greedy, best of 2 (second round in
+reverse order). Public API only."""
 
+import json
 import math
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 import hf_spec
-from hf_spec.bench.datasets import bench_prompt_ids, load_code_edit, render_prompt
-from hf_spec.demo import DEMO_PROMPTS
 
 dtype = sys.argv[1]
 folder = f"drafters/smollm2-135m-instruct-{sys.argv[2] if len(sys.argv) > 2 else 'eagle'}"
@@ -25,10 +26,8 @@ torch.set_num_threads(2)
 model, tok = hf_spec.load_packaged_model("smollm2-135m-instruct", dtype=getattr(torch, dtype))
 on = hf_spec.AutoDrafter.from_pretrained(folder, target=model)
 off = hf_spec.AutoDrafter.from_pretrained(folder, target=model, ngram_cost_gate=False)
-prompts = [("demo", tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)["input_ids"]) for p in DEMO_PROMPTS]
-prompts += [("bench", ids) for ids in bench_prompt_ids(tok, per_set=2, skip=45)]
-prompts += [("edit", torch.tensor([render_prompt(tok, r)])) for r in load_code_edit()[10:12]]
+saved = json.loads((Path(__file__).parent / "cost_gate_prompts.json").read_text())["prompts"]
+prompts = [(row["kind"], torch.tensor([row["input_ids"]])) for row in saved]
 methods = {"plain": {}, "prompt_lookup": dict(prompt_lookup_num_tokens=10), "gate_on": dict(assistant_model=on),
            "gate_off": dict(assistant_model=off)}
 for kwargs in methods.values():  # warm-up, untimed
