@@ -20,6 +20,9 @@ import torch
 
 import hf_spec
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fresh_machine import geomean  # noqa: E402
+
 dtype = sys.argv[1]
 folder = f"drafters/smollm2-135m-instruct-{sys.argv[2] if len(sys.argv) > 2 else 'eagle'}"
 torch.set_num_threads(2)
@@ -47,5 +50,5 @@ for i, (kind, ids) in enumerate(prompts):
     skipped = [d.last_generation_stats.drafter_skipped_cycles / max(1, d.last_generation_stats.cycles) for d in (on, off)]
     same = all(torch.equal(outs["plain"], o) for o in outs.values())
     print(line, "drafter skipped on/off %.2f %.2f" % tuple(skipped), "identical", same, flush=True)
-geo = {k: math.exp(sum(map(math.log, v)) / len(v)) for k, v in speedups.items()}
+geo = {k: geomean(v) for k, v in speedups.items()}
 print(dtype, folder, {k: round(v, 3) for k, v in geo.items()}, "gate_off/gate_on", round(geo["gate_off"] / geo["gate_on"], 3))

@@ -10,6 +10,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ... import timing
+from ...stats import GenerationStats
 from .model import SortedDrafter
 
 
@@ -95,13 +96,12 @@ def search_thresholds(
         drafter.thresholds = saved
     results = []
     for thresholds, seconds, stats in zip(candidates, best_seconds, best_stats):
-        tokens = sum(s.new_tokens for s in stats)
-        accepted = sum(sum(s.accepted_lengths) for s in stats)
-        cycles = sum(s.cycles for s in stats)
-        counts = [sum(c) for c in zip(*(s.early_exits.exit_counts for s in stats))]
-        results.append(dict(thresholds=thresholds, tokens_per_second=tokens / max(sum(seconds), 1e-9),
-                            new_tokens=tokens, cycles=cycles, tau=accepted / cycles + 1.0 if cycles else float("nan"),
-                            exit_counts=counts))  # fmt: skip
+        total = GenerationStats()  # the best calls' counters over all prompts
+        for row in stats:
+            total.add_row(row)
+        results.append(dict(thresholds=thresholds, tokens_per_second=total.new_tokens / max(sum(seconds), 1e-9),
+                            new_tokens=total.new_tokens, cycles=total.cycles, tau=total.tau,
+                            exit_counts=list(total.early_exits.exit_counts)))  # fmt: skip
     results.sort(key=lambda res: -res["tokens_per_second"])
     best = results[0]["thresholds"]
     if record:
