@@ -15,11 +15,10 @@ to code).
 The policy is a hill climb with probes:
 
 - it *exploits* one arm (``current``); every so often it *probes* a neighbour on the ladder (one rung cheaper
-  or costlier, or plain, which bounds the worst case, from any rung) for a few cycles, until the probe has committed ``probe_tokens`` tokens (at most
-  ``max_probe_cycles`` cycles);
+  or costlier, or plain, which bounds the worst case, from any rung) for a few cycles, until the probe has
+  committed ``probe_tokens`` tokens (at most ``max_probe_cycles`` cycles);
 - after a probe it moves to the neighbour when that measured faster per token by more than ``margin``; else the
-  next probe of
-  that neighbour waits as long as an *exploration budget* allows: a probe that cost L seconds more than
+  next probe of that neighbour waits as long as an *exploration budget* allows: a probe that cost L seconds more than
   exploiting would have waits about L / (``exploration_budget`` x the exploited arm's seconds per cycle) cycles
   (at least ``first_interval``, at most ``max_interval``). So a neighbour that is hopeless is probed rarely, one
   that is close is probed often (cheaply: the text may have moved to where it wins, e.g. from prose to a
@@ -27,6 +26,9 @@ The policy is a hill climb with probes:
   the arms are; a probe of a neighbour far slower ends after two cycles (``give_up``). A drafted neighbour is
   also probed at once when the exploited arm's time per token comes near what the neighbour measured
   (``catch_up``);
+- after a move it probes the next rung the same way soon (``momentum``); while plain is exploited, each new
+  ``generate()`` call probes the drafted neighbour early when its drafts are accepted at all (``new_call_probe``):
+  plain's own timing cannot show that a new text favours drafting;
 - the first cycle after a switch is not measured (it carries the catch-up work of an arm that had not run:
   its drafter reads the committed tokens it missed), nor the first cycle of a call (the drafter reads the
   prompt); a cycle counts at most ``outlier`` times its arm's mean cycle time (a stall must not condemn an arm).
@@ -107,6 +109,20 @@ class SpeedController:
     cycles."""
     margin: float = 0.02
     """A neighbour must measure this much faster per token to be moved to (noise guard)."""
+    new_call_probe: float | None = 0.1
+    """While plain is exploited, a new call probes the drafted neighbour in its second cycle when that neighbour's
+    cycles committed at least this fraction more tokens than plain's (its drafts are accepted at all; None: never
+    early). Plain's time per token does not depend on the text, so nothing plain measures says that a new prompt
+    (code after prose) now favours drafting: a drafter that did not pay on a prose answer must not keep the next
+    answer on plain for hundreds of cycles. A drafter whose drafts are not accepted (an untrained one) is not
+    re-probed per call: its probes wait what they cost over the exploration budget, so the worst case stays
+    bounded."""
+    momentum: int = 2
+    """After a move that gained at least ``momentum_gain``, the next rung the same way is probed after this many
+    cycles (not ``first_interval``): a rung that won clearly points the way, so a climb from plain to the rung a
+    text needs takes tens of cycles, not a call. A narrow win (near the best rung, or noise) does not hurry on."""
+    momentum_gain: float = 0.1
+    """The gain per token (fraction) that makes a move hurry on to the next rung."""
     current: int = field(init=False)
     cycle: int = field(init=False, default=0)
     moves: int = field(init=False, default=0)
@@ -132,8 +148,13 @@ class SpeedController:
 
     # -- the loop's side ---------------------------------------------------------------------------
     def start_call(self) -> None:
-        """A new ``generate()`` call: its first cycle is not measured (the drafter reads the prompt)."""
+        """A new ``generate()`` call: its first cycle is not measured (the drafter reads the prompt). When plain is
+        exploited, the drafted neighbour is probed early in the call (see :attr:`new_call_probe`)."""
         self._last = None
+        if self.current == 0 and self.new_call_probe is not None:
+            for n in self._neighbours():
+                if self._accepts(n) and self._due[n] > self.cycle + 2:  # the call's first cycle is not measured
+                    self._due[n], self._theirs[n] = self.cycle + 2, None
 
     def choose(self) -> int:
         """The arm of the next cycle."""
@@ -183,6 +204,14 @@ class SpeedController:
         """The rungs next to the exploited one, and plain (arm 0), which bounds the worst case, from anywhere."""
         return sorted({n for n in (0, self.current - 1, self.current + 1) if 0 <= n < len(self.labels)} - {self.current})
 
+    def _accepts(self, arm: int) -> bool:
+        """Whether ``arm``'s measured cycles commit :attr:`new_call_probe` more tokens than plain's (True when either
+        has not been measured). Token counts fade as slowly as times, so this remembers a drafter's last texts."""
+        mine, plain = self._estimates[arm], self._estimates[0]
+        if mine.weight <= 0.0 or plain.weight <= 0.0 or plain.tokens <= 0.0:
+            return True
+        return mine.tokens / mine.weight >= (1.0 + self.new_call_probe) * plain.tokens / plain.weight
+
     def _hopeless(self, probe: int) -> bool:
         theirs = self._estimates[probe].seconds_per_token
         ours = self._estimates[self.current].seconds_per_token
@@ -195,8 +224,10 @@ class SpeedController:
         if theirs is not None and (ours is None or theirs < ours * (1.0 - self.margin)):
             left, self.current = self.current, probe
             self.moves += 1
+            steep = ours is None or theirs < ours * (1.0 - self.momentum_gain)
             for n in self._neighbours():  # look further the same way soon; back where it came from later
-                self._interval[n] = self.first_interval * (2 if n == left else 1)
+                onward = steep and n != 0 and n - self.current == self.current - left
+                self._interval[n] = self.momentum if onward else self.first_interval * (2 if n == left else 1)
                 self._due[n], self._theirs[n] = self.cycle + self._interval[n], None
         else:
             self._interval[probe] = self._budgeted_wait(ours)
