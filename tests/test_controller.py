@@ -53,7 +53,7 @@ def test_converges_to_the_fastest_rung_of_the_ladder():
         used = run(controller, landscape(costs, taus), 200, rng, start_cycle=200)
         share.append(used.count(2) / len(used))
         assert mean_seconds_per_token(used, costs, taus) <= 1.06 * min(seconds_per_token(costs, taus))
-    assert sum(share) / len(share) >= 0.72  # exploits the best rung, probes the rest a little
+    assert sum(share) / len(share) >= 0.75  # exploits the best rung, probes the rest a little
 
 
 def test_a_clear_win_hurries_on_up_the_ladder():
@@ -200,7 +200,7 @@ def test_probes_of_a_close_neighbour_come_often_and_cost_little():
 
 
 def test_a_new_call_on_plain_probes_drafting_early():
-    """A prose answer where drafting pays nothing puts the controller on plain; the next call's text (code, say) makes
+    """A prose answer where drafting does not pay puts the controller on plain; the next call's text (code, say) makes
     drafting pay: plain's own timing cannot show that, so the new call probes the drafted arm within a few cycles."""
     rng = random.Random(5)
     costs = [1.0, 1.3]
@@ -215,7 +215,8 @@ def test_a_new_call_on_plain_probes_drafting_early():
 
 
 def test_new_calls_on_plain_with_a_drafter_that_pays_nothing_cost_little():
-    """A drafter far slower than plain is not re-probed in every call: over 128-token calls it costs ~1.5% at most."""
+    """A drafter whose drafts are never accepted is not re-probed in every call: over 128-token calls it costs ~1.5% at
+    most."""
     rng = random.Random(6)
     costs, taus = [1.0, 1.35], [1, 1.0]
     controller = SpeedController(["plain", "draft"], start=1)
