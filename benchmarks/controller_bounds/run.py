@@ -147,9 +147,11 @@ def main(argv=None) -> dict:
             plain_s = min(plain_s, seconds)
             oracle.reference = plain[0]
             rand, seconds = timed(lambda: target.generate(prompt, assistant_model=randomly, **common))
-            rand_s, rand_stats = min(rand_s, seconds), randomly.last_generation_stats
+            if seconds < rand_s:  # the stats of the call whose time is kept
+                rand_s, rand_stats = seconds, randomly.last_generation_stats
             orac, seconds = timed(lambda: target.generate(prompt, assistant_model=oracle, **common))
-            orac_s, orac_stats = min(orac_s, seconds), oracle.last_generation_stats
+            if seconds < orac_s:
+                orac_s, orac_stats = seconds, oracle.last_generation_stats
         new = plain.shape[1] - prompt.shape[1]
         rows.append({"prompt": i, "new_tokens": new, "plain_s": plain_s, "random_s": rand_s, "oracle_s": orac_s,
                      "random_identical": bool(torch.equal(rand, plain)), "oracle_identical": bool(torch.equal(orac, plain)),
