@@ -39,16 +39,22 @@ probing. Its choices change speed only: every arm's trees are verified exactly, 
 cycle's arm depends on past cycles only, so greedy output stays identical to plain ``generate()`` and sampled
 output keeps the target's distribution, whenever the arm changes.
 
+The same measured-cost idea chooses the *engine* of a static layout's verification forwards
+(:class:`EngineChooser`): where a compiled call exists, eager and compiled give the same logits, so which one runs
+is a pure cost choice, made per bucket size from the wall seconds of that bucket's forwards.
+
 This module is at the bottom of the package: it imports nothing from hf_spec, and the loop
-(:mod:`hf_spec.decoding`) feeds it numbers, so it is tested on a fake clock.
+(:mod:`hf_spec.decoding`) and the static layout (:mod:`hf_spec.static_cache`) feed it numbers, so it is tested
+on a fake clock.
 """
 
 from __future__ import annotations
 
+import statistics
 import weakref
 from dataclasses import dataclass, field
 
-__all__ = ["SpeedController", "controller_for"]
+__all__ = ["ENGINES", "EngineChooser", "SpeedController", "controller_for"]
 
 
 @dataclass
@@ -272,3 +278,125 @@ def controller_for(owner, key: tuple, labels: list[str], start: int) -> SpeedCon
     if controller is None or controller.labels != list(labels):
         controller = mine[key] = SpeedController(list(labels), start=start)
     return controller
+
+
+# -- eager or compiled verification forwards -------------------------------------------------------------------
+ENGINES = ("eager", "compiled")
+"""The two ways a static layout with a compiled call runs a verification forward (:class:`EngineChooser`)."""
+
+
+@dataclass
+class _Bucket:
+    """What an :class:`EngineChooser` knows of one bucket size."""
+
+    current: str
+    calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ENGINES, 0))
+    times: dict[str, list[float]] = field(default_factory=lambda: {engine: [] for engine in ENGINES})
+    """Each engine's last timed forwards (seconds, at most ``samples``)."""
+    fresh: dict[str, int] | None = field(default_factory=lambda: dict.fromkeys(ENGINES, 0))
+    """Timed forwards per engine in the check under way (None: no check under way; a bucket starts with one)."""
+    checks: int = 1
+    wait: int = 0
+    """Forwards from the end of the last check to the next (0: no check has ended)."""
+    due: int = 0
+    """The bucket's forward count at which the next check starts."""
+    last: str | None = None
+    """The engine of the bucket's last forward (a check alternates)."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+@dataclass
+class EngineChooser:
+    """Chooses, per bucket size, whether a static layout's verification forward runs eagerly or compiled (one of
+    :data:`ENGINES`), from the measured wall seconds of that bucket's forwards.
+
+    The layout calls :meth:`choose` before each forward (the engine, and whether to time it) and :meth:`record`
+    after it. Policy, per bucket:
+
+    - a bucket starts with a *check*: the engines alternate (``prior`` first) until each has run ``samples`` timed
+      forwards; each engine's first ``warmup`` forwards in the bucket are never timed (compilation, CUDA-graph
+      capture and first-run work take seconds and must not condemn the compiled engine);
+    - an engine's cost is the median of its last ``samples`` timed forwards (one stall does not decide); after a
+      check the other engine is exploited when it measured faster by more than ``margin``;
+    - the engine not in use is checked again (with the one in use, alternating) after a wait that doubles while it
+      keeps losing and is at least what its timed forwards lost over ``exploration_budget`` (from ``first_wait``
+      to ``max_wait`` forwards of the bucket): exploration stays bounded, and a change of costs (another load on
+      the machine) is found within ``max_wait`` forwards.
+
+    Forwards outside checks are not timed, so on CUDA they add no host sync.
+    """
+
+    prior: str = "compiled"
+    """The engine exploited until a check says otherwise (transformers' rule said compile)."""
+    warmup: int = 3
+    """Forwards of each engine per bucket that are never timed."""
+    samples: int = 3
+    """Timed forwards of each engine per check."""
+    margin: float = 0.03
+    """The other engine must measure this much faster (fraction) to be switched to (noise guard)."""
+    first_wait: int = 32
+    """Shortest wait between checks of a bucket (forwards), and the wait after a check that switched engines."""
+    max_wait: int = 512
+    """Longest wait between checks of a bucket."""
+    exploration_budget: float = 0.02
+    """A check whose losing engine cost L seconds more than the engine in use waits at least L / (this x the engine
+    in use's seconds per forward) forwards."""
+
+    def __post_init__(self):
+        if self.prior not in ENGINES:
+            raise ValueError(f"prior={self.prior!r} is not one of {ENGINES}.")
+        self._buckets: dict[int, _Bucket] = {}
+
+    def choose(self, size: int) -> tuple[str, bool]:
+        """The engine of the next forward of bucket ``size``, and whether to time it."""
+        bucket = self._buckets.get(size)
+        if bucket is None:
+            bucket = self._buckets[size] = _Bucket(current=self.prior)
+        if bucket.fresh is None:
+            return bucket.current, False
+        pending = [e for e in (bucket.current, self._other(bucket)) if bucket.fresh[e] < self.samples]
+        engine = next((e for e in pending if e != bucket.last), pending[0])
+        return engine, bucket.calls[engine] >= self.warmup
+
+    def record(self, size: int, engine: str, seconds: float | None) -> None:
+        """One forward of bucket ``size`` ran on ``engine``; ``seconds``: its wall time when :meth:`choose` asked to
+        time it, else None."""
+        bucket = self._buckets[size]
+        bucket.calls[engine] += 1
+        bucket.last = engine
+        if bucket.fresh is not None and seconds is not None:
+            bucket.times[engine] = (bucket.times[engine] + [seconds])[-self.samples :]
+            bucket.fresh[engine] += 1
+            if min(bucket.fresh.values()) >= self.samples:
+                self._end_check(bucket)
+        elif bucket.fresh is None and bucket.total >= bucket.due:
+            bucket.fresh = dict.fromkeys(ENGINES, 0)
+            bucket.checks += 1
+
+    def _end_check(self, bucket: _Bucket) -> None:
+        bucket.fresh = None
+        other = self._other(bucket)
+        ours, theirs = statistics.median(bucket.times[bucket.current]), statistics.median(bucket.times[other])
+        if theirs < ours * (1.0 - self.margin):
+            bucket.current, bucket.wait = other, self.first_wait
+        else:
+            lost = self.samples * (theirs - ours)
+            budgeted = lost / (self.exploration_budget * ours) if ours > 0 else self.max_wait
+            bucket.wait = int(min(self.max_wait, max(self.first_wait, 2 * bucket.wait, budgeted)))
+        bucket.due = bucket.total + bucket.wait
+
+    @staticmethod
+    def _other(bucket: _Bucket) -> str:
+        return ENGINES[1 - ENGINES.index(bucket.current)]
+
+    def summary(self) -> dict:
+        """Per bucket size: ``engine`` (in use), ``ms_per_forward`` per engine (median of its last timed forwards;
+        None: not timed yet), ``calls`` per engine and ``checks`` (the first included)."""
+        return {size: {"engine": bucket.current,
+                       "ms_per_forward": {e: round(1000.0 * statistics.median(t), 3) if t else None
+                                          for e, t in bucket.times.items()},
+                       "calls": dict(bucket.calls), "checks": bucket.checks}
+                for size, bucket in sorted(self._buckets.items())}  # fmt: skip

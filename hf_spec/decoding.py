@@ -59,7 +59,7 @@ from .cache import crop_to, gather_positions, keep_accepted, select_rows
 from .controller import SpeedController
 from .drafters.hybrid import with_ngram_branches
 from .drafters.session import DraftingSession, check_node_count
-from .static_cache import static_layout, wants_static_cache
+from .static_cache import StaticTreeCache, static_layout, wants_static_cache
 from .stats import BatchGenerationStats, GenerationStats
 from .tree.tree import DraftTree
 from .verify import WalkResult, greedy_plan, greedy_result, verify_tree
@@ -645,6 +645,8 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     stats.total_seconds = timing.clock(device) - loop_start
     if controller is not None:
         stats.controller = controller.summary()
+    if isinstance(layout, StaticTreeCache) and layout.engines is not None:
+        stats.engines = layout.engines.summary()
     if gc.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(
             sequences=sequences,

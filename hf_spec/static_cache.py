@@ -11,7 +11,10 @@ needs to compile it once per bucket and, on CUDA with ``mode="reduce-overhead"``
 
 Compilation follows transformers' own rule for static caches: the verification forward is compiled
 (:meth:`~transformers.PreTrainedModel.get_compiled_call` with the generation config's ``compile_config``) on CUDA,
-or anywhere a ``compile_config`` is passed, unless ``disable_compile=True``. The prefill runs eagerly.
+or anywhere a ``compile_config`` is passed, unless ``disable_compile=True``. The prefill runs eagerly. Where the
+compiled call exists, each verification forward runs on the engine (eager or compiled) that the process's
+:class:`~hf_spec.controller.EngineChooser` for this target measured faster for its bucket: both give the same logits,
+and compiled is not always faster (on a CPU it often is not).
 
 Lossless as the dynamic layout: the logits of a padded tree's real nodes are those of the unpadded tree (the
 padding rows come after them and no real node attends to them), and the cache after a commit holds exactly the
@@ -25,8 +28,9 @@ import weakref
 import torch
 from transformers import CompileConfig, StaticCache
 
-from . import compat
+from . import compat, timing
 from .cache import move_slots
+from .controller import EngineChooser
 from .tree.tree import DraftTree, additive_mask
 
 __all__ = ["MAX_BUCKET", "StaticTreeCache", "bucket_size", "cache_length", "static_layout", "wants_static_cache"]
@@ -70,17 +74,23 @@ def static_layout(model, generation_config, max_length: int | None, one_row: boo
 
 
 _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""base model -> (compile options, its compiled call): one compilation per target and options for the process."""
+"""base model -> (compile options, its compiled call, its engine choosers by (device, dtype, threads)): one
+compilation per target and options for the process, and one choice of engine per machine setting."""
 
 
-def compiled_call(base_model, compile_config):
+def compiled_call(base_model, compile_config) -> tuple[object, EngineChooser]:
     """``torch.compile`` of the base model's call with a transformers ``CompileConfig``'s options, kept for later
-    calls with the same options (its compiled graphs, one per bucket, are reused across ``generate()`` calls)."""
+    calls with the same options (its compiled graphs, one per bucket, are reused across ``generate()`` calls), and
+    the engine chooser of that call on the model's device, dtype and this process's thread count."""
     options = compile_config.to_dict()
     known = _compiled.get(base_model)
     if known is None or known[0] != options:
-        known = _compiled[base_model] = (options, torch.compile(base_model.__call__, **options))
-    return known[1]
+        known = _compiled[base_model] = (options, torch.compile(base_model.__call__, **options), {})
+    choosers = known[2]
+    setting = (str(base_model.device), base_model.dtype, torch.get_num_threads())
+    if setting not in choosers:
+        choosers[setting] = EngineChooser()
+    return known[1], choosers[setting]
 
 
 def should_compile(generation_config, device: torch.device) -> bool:
@@ -95,8 +105,8 @@ class StaticTreeCache:
     """The one-prompt cache layout on a :class:`~transformers.StaticCache` (see the module docstring).
 
     ``max_length``: the most positions the call can commit (prompt + new tokens); ``compile_config``: a
-    transformers :class:`~transformers.CompileConfig` to compile the verification forward with, None to run it
-    eagerly."""
+    transformers :class:`~transformers.CompileConfig` to compile the verification forward with (each forward then
+    runs eagerly or compiled, as :attr:`engines` chooses), None to run it eagerly."""
 
     def __init__(self, model, max_length: int, compile_config=None):
         if compat.target_sliding_window(model.config) is not None:
@@ -109,7 +119,12 @@ class StaticTreeCache:
         self.past = 0
         self.device = model.device
         self.dtype = model.base_model.dtype
-        self.call = compiled_call(model.base_model, compile_config) if compile_config is not None else None
+        self.eager_call = model.base_model.__call__
+        self.call, self.engines = None, None
+        """The compiled verification call, and the :class:`~hf_spec.controller.EngineChooser` that decides, per
+        bucket, between it and :attr:`eager_call` (the same call, not compiled); None, None: always eager."""
+        if compile_config is not None:
+            self.call, self.engines = compiled_call(model.base_model, compile_config)
         self.slots = torch.arange(self.length, device=self.device)
 
     def prefill(self, target, input_ids: torch.Tensor) -> torch.Tensor:
@@ -147,8 +162,20 @@ class StaticTreeCache:
         allowed[:, past : past + size] = block
         mask = additive_mask(allowed, self.dtype).view(1, 1, size, self.length)
         compat.set_static_cache_length(self.cache, past)
-        features = target.forward(tokens, self.cache, attention_mask=mask, position_ids=positions, call=self.call)
+        features = self._forward(target, size, tokens, mask, positions)
         return [target.logits(features[0, :n])]
+
+    def _forward(self, target, size: int, tokens, mask, positions) -> torch.Tensor:
+        """The verification forward of bucket ``size``: eager when nothing is compiled; else on the engine that
+        :attr:`engines` chooses, timed (``timing.clock``: a host sync on CUDA) only when it asks."""
+        if self.engines is None:
+            return target.forward(tokens, self.cache, attention_mask=mask, position_ids=positions)
+        engine, timed = self.engines.choose(size)
+        call = self.call if engine == "compiled" else self.eager_call
+        start = timing.clock(self.device) if timed else None
+        features = target.forward(tokens, self.cache, attention_mask=mask, position_ids=positions, call=call)
+        self.engines.record(size, engine, timing.clock(self.device) - start if timed else None)
+        return features
 
     def commit(self, accepted: list[torch.Tensor], walks) -> None:
         nodes = accepted[0].to(torch.long)

@@ -58,6 +58,12 @@ class GenerationStats:
     first), ``current`` (the arm it exploits), ``ms_per_token`` (measured wall milliseconds per committed token
     per arm, recent cycles weighing most; None: not measured lately), ``cycles``, ``probes`` and ``moves`` (over
     the process's calls with this drafter, target and settings). None: no controller ran."""
+    engines: dict | None = None
+    """What the engine chooser (:class:`~hf_spec.controller.EngineChooser`) of a compiled static layout
+    (``cache_implementation="static"`` with compilation) knew after this call, per bucket size (nodes a verification
+    forward is padded to): ``engine`` (``"eager"`` or ``"compiled"``, the one in use), ``ms_per_forward`` per engine
+    (median of its last timed forwards; None: not timed yet), ``calls`` per engine and ``checks`` (over the
+    process's calls with this target and settings). None: no compiled call, so every forward ran eagerly."""
 
     @property
     def cycles(self) -> int:

@@ -1,5 +1,7 @@
 """The online speed controller on a fake clock: it converges, it follows costs that change mid-run, its
-exploration is bounded, and a drafter that pays nothing costs little against plain."""
+exploration is bounded, and a drafter that pays nothing costs little against plain. The engine chooser of
+compiled static verification on the same clock: warm-up never counts, each bucket gets its faster engine, it
+follows costs that change, and it re-checks the other engine rarely."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import random
 
 import pytest
 
-from hf_spec.controller import SpeedController, controller_for
+from hf_spec.controller import EngineChooser, SpeedController, controller_for
 
 
 def run(controller: SpeedController, cycle, cycles: int, rng: random.Random, start_cycle: int = 0) -> list[int]:
@@ -230,3 +232,91 @@ def test_new_calls_on_plain_with_a_drafter_that_pays_nothing_cost_little():
             if call >= 2:
                 spent, tokens = spent + costs[arm], tokens + committed
     assert spent <= 1.015 * tokens * costs[0]
+
+
+# -- the engine chooser ----------------------------------------------------------------------------------------
+def run_engines(chooser: EngineChooser, cost, sizes: list[int], calls: dict | None = None) -> list[tuple[str, bool]]:
+    """One forward per entry of ``sizes`` (bucket sizes); ``cost(size, engine, k) -> seconds``, k counting that
+    bucket's forwards on that engine (``calls``, kept across runs); records the time only when the chooser asks for
+    it. Returns each forward's (engine, timed)."""
+    calls = {} if calls is None else calls
+    used = []
+    for size in sizes:
+        engine, timed = chooser.choose(size)
+        k = calls[size, engine] = calls.get((size, engine), -1) + 1
+        chooser.record(size, engine, cost(size, engine, k) if timed else None)
+        used.append((engine, timed))
+    return used
+
+
+def noisy(table, rng: random.Random, noise: float = 0.1):
+    """Seconds of a forward from ``table[size][engine]`` (± noise)."""
+    return lambda size, engine, k: table[size][engine] * (1 + noise * (2 * rng.random() - 1))
+
+
+def test_warm_up_forwards_are_never_timed_and_never_condemn_compiled():
+    """A compiled engine whose first two forwards take 100x longer (compilation, CUDA-graph capture) and is faster
+    afterwards: those forwards are not timed, and compiled is exploited from the first check on."""
+    rng = random.Random(0)
+    steady = noisy({8: {"eager": 1.5, "compiled": 1.0}}, rng)
+    slow_starts = []
+
+    def cost(size, engine, k):
+        if engine == "compiled" and k < 2:
+            slow_starts.append(k)
+        return 100.0 * steady(size, engine, k) if engine == "compiled" and k < 2 else steady(size, engine, k)
+
+    chooser = EngineChooser()
+    used = run_engines(chooser, cost, [8] * 100)
+    assert used[0] == ("compiled", False) and used[1] == ("eager", False)  # the prior first, then alternating
+    assert slow_starts == []  # the chooser never asked to time them
+    assert [engine for engine, _ in used].count("eager") <= 12  # the first check and one re-check
+    summary = chooser.summary()[8]
+    assert summary["engine"] == "compiled" and summary["ms_per_forward"]["compiled"] < 1200.0
+
+
+def test_each_bucket_gets_its_own_faster_engine():
+    """Compiled wins on small forwards, eager on large ones: the two buckets, interleaved, are chosen apart."""
+    rng = random.Random(1)
+    cost = noisy({4: {"eager": 2.0, "compiled": 1.0}, 32: {"eager": 2.0, "compiled": 3.0}}, rng)
+    chooser = EngineChooser()
+    sizes = [rng.choice([4, 32]) for _ in range(3000)]
+    used = run_engines(chooser, cost, sizes)
+    summary = chooser.summary()
+    assert summary[4]["engine"] == "compiled" and summary[32]["engine"] == "eager"
+    late = list(zip(sizes, used))[1000:]
+    for size, best in ((4, "compiled"), (32, "eager")):
+        mine = [engine for s, (engine, _) in late if s == size]
+        assert mine.count(best) >= 0.97 * len(mine), (size, summary)
+
+
+def test_follows_costs_that_change():
+    """Compiled faster, then (another load on the machine) eager faster, then compiled again: each time the chooser
+    moves within ``max_wait`` forwards and exploits the faster engine."""
+    rng = random.Random(2)
+    chooser = EngineChooser()
+    calls: dict = {}
+    for best, table in (("compiled", {"eager": 2.0, "compiled": 1.0}), ("eager", {"eager": 1.0, "compiled": 2.0}),
+                        ("compiled", {"eager": 2.0, "compiled": 1.0})):  # fmt: skip
+        used = run_engines(chooser, noisy({16: table}, rng), [16] * 1500, calls)
+        late = [engine for engine, _ in used[chooser.max_wait + 2 * (chooser.warmup + chooser.samples) :]]
+        assert chooser.summary()[16]["engine"] == best
+        assert late.count(best) >= 0.97 * len(late), best
+
+
+def test_exploration_of_the_losing_engine_is_bounded():
+    """Eager 60% slower than compiled over 2,000 forwards: a handful of re-checks (their waits grow while eager keeps
+    losing), eager runs under 2% of the forwards, and only forwards of a check are timed (no host sync otherwise)."""
+    rng = random.Random(3)
+    chooser = EngineChooser()
+    used = run_engines(chooser, noisy({8: {"eager": 1.6, "compiled": 1.0}}, rng), [8] * 2000)
+    summary = chooser.summary()[8]
+    rechecks = summary["checks"] - 1
+    assert 3 <= rechecks <= 8, summary  # it keeps checking, rarely
+    assert summary["calls"]["eager"] <= 0.02 * len(used), summary
+    assert sum(timed for _, timed in used) == 2 * chooser.samples * summary["checks"]
+
+
+def test_engine_chooser_rejects_an_unknown_prior():
+    with pytest.raises(ValueError, match="prior"):
+        EngineChooser(prior="jit")

@@ -4,6 +4,8 @@ exact, and a clear error for what it cannot do."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from transformers import CompileConfig, GenerationConfig
@@ -11,6 +13,8 @@ from transformers import CompileConfig, GenerationConfig
 import hf_spec
 from conftest import make_target, oracle_pair, plain_generate, random_prompt
 from hf_spec import static_cache
+from hf_spec.controller import ENGINES, EngineChooser
+from hf_spec.decoding import _Target
 from test_controlled_switching import FAMILIES as SWITCHING_FAMILIES
 from test_controlled_switching import repetitive_prompt, scripted
 from test_sampling import P_VALUE_FLOOR, VOCAB, sampled_law_p_value, tiny_pair
@@ -46,6 +50,7 @@ def test_static_cache_matches_plain_greedy(family, shape, monkeypatch):
         assert torch.equal(out, expected), seed
     stats = drafter.last_generation_stats
     assert stats.tau > 1.8 and max(stats.accepted_lengths) >= 3, stats.accepted_lengths
+    assert stats.engines is None  # nothing compiled: every forward eager, no engine choice
     assert (len(moves) > 0) == (shape[1] > 1)  # a tree's accepted path was not always its first children
 
 
@@ -85,6 +90,39 @@ def test_compiled_static_verification_matches_plain_greedy():
         assert torch.equal(out, expected), seed
         assert drafter.last_generation_stats.tau > 1.5
     assert target.base_model in static_cache._compiled  # the compiled call ran, and is kept
+    engines = drafter.last_generation_stats.engines  # the chooser's first check ran both engines, timed
+    assert engines and all(sum(bucket["calls"].values()) for bucket in engines.values()), engines
+    assert any(bucket["calls"]["eager"] and bucket["ms_per_forward"]["compiled"] for bucket in engines.values())
+
+
+def test_compiled_static_verification_alternating_engines_matches_plain_greedy(monkeypatch):
+    """Eager and compiled verification forwards alternating every cycle (as the engine chooser's checks do): the
+    same cache serves both, the output is plain greedy's, and the stats report each engine's forwards."""
+    turns, choose, forward, calls = itertools.count(), EngineChooser.choose, _Target.forward, []
+
+    def alternate(chooser, size):
+        choose(chooser, size)  # the bucket's state, as the real choice keeps it
+        return ENGINES[next(turns) % 2], True
+
+    def forward_with(target, *args, call=None, **kwargs):
+        calls.append(call)
+        return forward(target, *args, call=call, **kwargs)
+
+    monkeypatch.setattr(EngineChooser, "choose", alternate)
+    monkeypatch.setattr(_Target, "forward", forward_with)
+    target, drafter = oracle_pair("llama")
+    prompt = random_prompt(seed=5)
+    expected = plain_generate(target, prompt, max_new_tokens=32, do_sample=False)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=32, do_sample=False, tree_depth=3,
+                          tree_top_k=2, tree_total_tokens=6, compile_config=CompileConfig(mode="default"),
+                          **STATIC)  # fmt: skip
+    assert torch.equal(out, expected)
+    engine_calls = (target.base_model.__call__, static_cache._compiled[target.base_model][1])
+    assert calls[0] is None and calls[1:] == [engine_calls[i % 2] for i in range(len(calls) - 1)]  # prefill eager
+    stats = drafter.last_generation_stats
+    assert stats.tau > 1.5 and stats.verify_forwards == len(calls) - 1 >= 4
+    for engine in ENGINES:
+        assert sum(bucket["calls"][engine] for bucket in stats.engines.values()) >= stats.verify_forwards // 2
 
 
 def test_compiled_static_cache_sampled_law_is_exact():

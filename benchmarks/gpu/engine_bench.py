@@ -546,6 +546,7 @@ def hf_spec_run(target, drafter, prompt, reference, shape, p, seed, new_tokens, 
         "verify_forwards": stats.verify_forwards,
         "common_prefix": common_prefix(out, reference),
         "matches_plain": common_prefix(out, reference) == reference.numel() and out.numel() == reference.numel(),
+        "engines": stats.engines,  # static rows with a compiled call: eager or compiled per bucket, as measured
     }
     if instrument and cycles >= 2 and session.second_start is not None:
         steady = cycles - 1
