@@ -45,8 +45,12 @@ def papers_setup(tmp_path_factory):
         "hass": hf_spec.EagleDrafter.from_target(target, training_method="hass"),
         "eagle3": hf_spec.Eagle3Drafter.from_target(target, eagle_aux_hidden_state_layer_ids=[0, 1]),
         "parallelspec": hf_spec.ParallelDrafter.from_target(target),
+        "coral": hf_spec.EagleDrafter.from_target(target, training_method="coral"),
     }
     drafters["hass"].load_state_dict(eagle.state_dict())
+    drafters["coral"].load_state_dict(eagle.state_dict())
+    drafters["coral"].add_router(torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(0)),
+                                 num_groups=4, top_n=1)  # an untrained router: drafts only a quarter of the vocabulary
     folders = {}
     for method, drafter in drafters.items():
         folders[method] = str(root / method)
@@ -78,7 +82,7 @@ def test_compare_papers_end_to_end(papers_setup, tmp_path):
                                    "--output-dir", str(tmp_path)])  # fmt: skip
     assert json.loads((tmp_path / "results.json").read_text())["drafters"][0]["path"] == folders["eagle"]
     rows = {r["training_method"]: r for r in results["drafters"]}
-    assert list(rows) == ["eagle", "hass", "eagle3", "parallelspec"]
+    assert list(rows) == ["eagle", "hass", "eagle3", "parallelspec", "coral", "coral+router"]
     assert rows["parallelspec"]["tf"]["kind"] == "parallel_depths" and rows["eagle3"]["tf"]["kind"] == "hass_steps"
     assert rows["eagle3"]["tf"]["cache"].endswith("+layers-0-1")
     for row in rows.values():
@@ -102,14 +106,19 @@ def test_compare_papers_end_to_end(papers_setup, tmp_path):
     assert rows["eagle"]["tf"]["top1"][0] > 0.5 and min(rows["eagle"]["shapes"]["tree"]["tau"].values()) > 1.5
     assert rows["hass"]["tf"] == rows["eagle"]["tf"]
     assert all(rows["hass"]["shapes"][s]["tau"] == rows["eagle"]["shapes"][s]["tau"] for s in ("tree", "chain"))
+    # CORAL without its router is the fitted EAGLE under another name; through an untrained router it drafts
+    # from a quarter of the vocabulary, so it accepts less
+    assert rows["coral"]["shapes"]["tree"]["tau"] == rows["eagle"]["shapes"]["tree"]["tau"]
+    assert rows["coral+router"]["tf"] == rows["coral"]["tf"] == rows["eagle"]["tf"]
+    assert compare_papers.mean_tau(rows["coral+router"]) < compare_papers.mean_tau(rows["coral"])
     for method in ("eagle", "parallelspec"):  # step 1 / depth 0 is the plain next-token forward
         assert rows[method]["tf"]["top1"][0] == pytest.approx(next_token_top1(folders[method], target_dir, cache))
     verdicts = {c["method"]: c["verdict"] for c in results["claims"]}
-    assert set(verdicts) == {"hass", "eagle3", "parallelspec"}
+    assert set(verdicts) == {"hass", "coral", "coral+router", "eagle3", "parallelspec"}
     assert verdicts["hass"] == "does not hold", results["claims"]  # equal numbers are no improvement
     assert all(v in ("holds", "does not hold") for v in verdicts.values()), results["claims"]
     table = (tmp_path / "table.md").read_text()
-    assert table.count("\n| ") == 1 + len(folders) and "## The papers' claims" in table
+    assert table.count("\n| ") == 1 + len(folders) + 1 and "## The papers' claims" in table  # CORAL: two rows
 
 
 def _row(method, tf, taus, ms=1.0):
@@ -126,6 +135,11 @@ def test_claims_hold_only_when_every_number_says_so():
     assert verdicts == {"hass": "holds", "coral": "does not hold", "parallelspec": "holds"}
     worse_late = _row("hass", [0.8, 0.7, 0.6, 0.3], 3.2)  # step 4 below EAGLE's
     assert compare_papers.paper_claims([eagle, worse_late])[0]["verdict"] == "does not hold"
+    cheap_router = _row("coral+router", [0.8, 0.7, 0.6, 0.4], 3.0, ms=0.5)  # -3% τ, half the drafting ms
+    costly_router = _row("coral+router", [0.8, 0.7, 0.6, 0.4], 2.8, ms=0.5)  # -10% τ
+    slow_router = _row("coral+router", [0.8, 0.7, 0.6, 0.4], 3.1, ms=1.0)  # no drafting ms saved
+    for router, verdict in ((cheap_router, "holds"), (costly_router, "does not hold"), (slow_router, "does not hold")):
+        assert compare_papers.paper_claims([coral, router])[-1]["verdict"] == verdict
     alone = compare_papers.paper_claims([hass])[0]
     assert alone["verdict"] == "not measured" and alone["missing_baselines"] == ["eagle"]
 
