@@ -22,7 +22,7 @@ from transformers import AutoModel
 
 TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_widths", "ngram_nodes", "ngram_depth",
                 "ngram_copy_nodes", "ngram_cost_gate", "tree_shape_candidates", "auto_tree_shape",
-                "tree_shape_candidates_measured", "tree_tuned_for")
+                "tree_shape_candidates_measured", "tree_tuned_for", "use_router")
 TRAINING_INFO = "training_info.json"
 """Written beside the weights: the card's training facts, read back when a published folder is its own source."""
 
@@ -79,7 +79,7 @@ def main(argv=None):
             for key in TUNED_FIELDS:
                 if key in previous:
                     setattr(drafter.config, key, previous[key])
-                    if key != "tree_tuned_for":
+                    if key not in ("tree_tuned_for", "use_router"):  # decoding defaults of generate()
                         setattr(drafter.generation_config, key, previous[key])
     if args.tree_widths:  # a static-tree drafter (ParallelSpec): depth, top-k and size follow from the widths
         from hf_spec.tree.static import static_tree_size
