@@ -12,7 +12,7 @@ import torch
 
 import hf_spec
 from conftest import make_target
-from hf_spec.training.losses import csra_loss_per_step, csra_loss_symmetric_all_steps
+from hf_spec.training.losses import csra_loss_per_step
 from hf_spec.training.trainers import CoralTrainer, CoralTrainingArguments
 
 # Two positions (0, 1), three steps, 2-d features given by their angle (radians) and an arbitrary norm:
@@ -81,7 +81,7 @@ def test_per_step_csra_closed_form_when_every_step_equals_the_target():
 
 def test_a_step_sees_only_itself_the_earlier_steps_and_the_target():
     """Step 1's queries take only the target as positive: changing step 2's or step 3's outputs leaves L_1
-    unchanged, step 3's leaves L_2 unchanged too; the symmetric all-steps variant, by contrast, moves."""
+    unchanged, step 3's leaves L_2 unchanged too."""
     steps, targets = _features()
     base = csra_loss_per_step(steps, targets, temperature=0.1)
     moved3 = csra_loss_per_step([steps[0], steps[1], -steps[2] + 0.3], targets, temperature=0.1)
@@ -90,8 +90,6 @@ def test_a_step_sees_only_itself_the_earlier_steps_and_the_target():
     moved2 = csra_loss_per_step([steps[0], steps[1].flip(-1), steps[2]], targets, temperature=0.1)
     torch.testing.assert_close(moved2[0], base[0], atol=1e-7, rtol=0)
     assert abs(moved2[1] - base[1]) > 1e-3 and abs(moved2[2] - base[2]) > 1e-3
-    symmetric = csra_loss_symmetric_all_steps(steps, targets, 0.1)
-    assert abs(csra_loss_symmetric_all_steps([steps[0], steps[1], -steps[2] + 0.3], targets, 0.1) - symmetric) > 1e-3
 
 
 def test_gradients_reach_the_query_step_and_the_earlier_steps_only():
@@ -160,11 +158,3 @@ def test_coral_trainer_adds_the_per_step_csra_to_each_step(tmp_path):
     prefix = "" if trainer.model.training else "eval_"  # what the next log reports, averaged over both calls
     trainer.log({f"{prefix}loss": 0.0})
     assert trainer.state.log_history[-1][f"{prefix}csra_weighted"] == pytest.approx(0.3 * sum(csra) / 3, abs=2e-5)
-
-
-def test_coral_trainer_keeps_the_symmetric_variant_as_an_option(tmp_path):
-    target, trainer = _coral_trainer(tmp_path, csra_variant="symmetric_all_steps")
-    loss, out = trainer.compute_loss(trainer.model, _batch(target), return_outputs=True)
-    assert torch.isfinite(loss) and "csra_1" not in out
-    with pytest.raises(ValueError, match="csra_variant"):
-        CoralTrainingArguments(output_dir=str(tmp_path), use_cpu=True, csra_variant="all")

@@ -3,8 +3,7 @@
 Stage 1 (``--stage drafter`` or ``both``): the EAGLE architecture trained HASS-style over 3
 steps with loss ``0.5·L_reg + 0.1·L_cls + w_csra·L_csra`` at each step t, summed over the steps
 (``CoralTrainingArguments``). L_csra is the paper's per-step CSRA: step t's outputs as queries, the
-same position's outputs of steps 1..t-1 and the target's feature as positives, InfoNCE at τ 0.07
-(``--csra_variant symmetric_all_steps``: the earlier all-steps variant). w_csra is set per target so
+same position's outputs of steps 1..t-1 and the target's feature as positives, InfoNCE at τ 0.07. w_csra is set per target so
 that the two logged per-step terms ``reg_weighted`` and ``csra_weighted`` are about equal (App. A).
 Saved to ``<output_dir>/drafter``.
 Stage 2 (``--stage router`` or ``both``): the drafter frozen, a router over 16 vocabulary

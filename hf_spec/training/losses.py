@@ -280,35 +280,3 @@ def csra_loss_per_step(
         positive = log_prob[index, :t, index]  # (N, t): same position, target and steps 1..t-1
         losses.append(-positive.mean(-1).mean())
     return torch.stack(losses)
-
-
-def csra_loss_symmetric_all_steps(
-    step_features: list[torch.Tensor], target_features: torch.Tensor, temperature: float = 0.07
-) -> torch.Tensor:
-    """A CSRA variant that is *not* the paper's (the shipped SmolLM2 CORAL drafter was trained with it): one
-    InfoNCE over all n steps at once, added once to the n-step loss. See :func:`csra_loss_per_step` for
-    CORAL's own.
-
-    ``step_features``: the n training steps' output features at the same N positions, each
-    (N, H); ``target_features`` (N, H) the target's features there. The pool F holds all
-    (n + 1) * N features. Every step output is a query q; its positives are the other views of
-    the same position (all other steps' outputs, later steps included, and the target feature), every
-    other member of F (all views of other positions) is a negative, and q itself is left out. With several
-    positives the loss averages ``-log(exp(sim(q, f+)/τ) / Σ_{f in F \\ q} exp(sim(q, f)/τ))``
-    over them, then over queries. ``sim`` is cosine similarity, τ = 0.07 (App. A).
-    """
-    views = torch.stack([*step_features, target_features]).float()  # (n + 1, N, H)
-    num_views, positions = views.shape[:2]
-    pool = F.normalize(views.reshape(-1, views.shape[-1]), dim=-1)  # ((n + 1) N, H)
-    queries = pool[: (num_views - 1) * positions]
-    logits = queries @ pool.T / temperature
-    query_index = torch.arange(queries.shape[0], device=pool.device)
-    logits[query_index, query_index] = float("-inf")  # q is not its own view
-    log_prob = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
-    same_position = (query_index % positions).view(-1, 1) == (torch.arange(pool.shape[0], device=pool.device) % positions)
-    same_position[query_index, query_index] = False
-    return -(log_prob.masked_fill(~same_position, 0.0).sum(-1) / same_position.sum(-1)).mean()
-
-
-csra_loss = csra_loss_symmetric_all_steps
-"""The earlier name of :func:`csra_loss_symmetric_all_steps` (not the paper's CSRA; see :func:`csra_loss_per_step`)."""

@@ -16,7 +16,6 @@ from transformers import Trainer, TrainingArguments
 from ..drafters.eagle.router import group_mass
 from .losses import (
     csra_loss_per_step,
-    csra_loss_symmetric_all_steps,
     eagle_loss,
     hass_loss,
     next_token_ids,
@@ -212,21 +211,12 @@ class CoralTrainingArguments(HassTrainingArguments):
         "positions); the paper's: 0.2 Qwen2.5-7B, 0.15 Llama3-8B, 0.1 Llama3-70B/Qwen2.5-14B/Llama2-7B, "
         "0.05 Llama2-13B"})  # fmt: skip
     csra_temperature: float = field(default=0.07, metadata={"help": "InfoNCE temperature (CORAL: 0.07)"})
-    csra_variant: str = field(default="per_step", metadata={"help": "per_step: CORAL's CSRA, at each step t with "
-        "positives from steps 1..t-1 and the target, added to step t's loss; symmetric_all_steps: the earlier "
-        "variant (one InfoNCE over all steps' outputs, later steps as positives too, added once)"})  # fmt: skip
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.csra_variant not in ("per_step", "symmetric_all_steps"):
-            raise ValueError(f"--csra_variant must be per_step or symmetric_all_steps, got {self.csra_variant!r}")
 
 
 class CoralTrainer(HassTrainer):
     """Trains an :class:`~hf_spec.EagleDrafter` with CORAL's loss: HASS's multi-step training with, at each
     step t, the CSRA InfoNCE of step t's outputs (:func:`~hf_spec.training.losses.csra_loss_per_step`) added to
-    that step's loss with weight ``w_csra`` (and the step's β^(t-1), as HASS's terms). ``csra_variant=
-    "symmetric_all_steps"`` adds :func:`~hf_spec.training.losses.csra_loss_symmetric_all_steps` once instead."""
+    that step's loss with weight ``w_csra`` (and the step's β^(t-1), as HASS's terms)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         out, feats_target, mask = self._hass_loss(model, inputs, return_predictions=True)
@@ -237,16 +227,11 @@ class CoralTrainer(HassTrainer):
         if select.any():
             steps, targets = [p[select] for p in predictions], feats_target[select]
             reg = sum(out[f"reg_{j}"] for j in range(1, args.hass_steps + 1)) / args.hass_steps
-            if getattr(args, "csra_variant", "per_step") == "symmetric_all_steps":
-                csra = csra_loss_symmetric_all_steps(steps, targets, args.csra_temperature)
-                loss = loss + args.w_csra * csra
-                per_step = csra.detach() / args.hass_steps  # its share of each step's loss
-            else:
-                csra_t = csra_loss_per_step(steps, targets, args.csra_temperature)  # (n,) L_csra of steps 1..n
-                step_weights = args.hass_beta ** torch.arange(len(steps), device=csra_t.device, dtype=csra_t.dtype)
-                loss = loss + args.w_csra * (step_weights * csra_t).sum()
-                out.update({f"csra_{j}": c for j, c in enumerate(csra_t.detach().unbind(), start=1)})
-                per_step = csra_t.detach().mean()
+            csra_t = csra_loss_per_step(steps, targets, args.csra_temperature)  # (n,) L_csra of steps 1..n
+            step_weights = args.hass_beta ** torch.arange(len(steps), device=csra_t.device, dtype=csra_t.dtype)
+            loss = loss + args.w_csra * (step_weights * csra_t).sum()
+            out.update({f"csra_{j}": c for j, c in enumerate(csra_t.detach().unbind(), start=1)})
+            per_step = csra_t.detach().mean()
             # per step, averaged over the steps: the balance App. A sets (w_csra·L_csra ≈ w_reg·L_reg)
             self._record(reg_weighted=args.w_reg * reg, csra_weighted=args.w_csra * per_step)
         out["loss"] = loss
