@@ -59,7 +59,7 @@ from .cache import crop_to, gather_positions, keep_accepted, select_rows
 from .controller import SpeedController
 from .drafters.hybrid import with_ngram_branches
 from .drafters.session import DraftingSession, check_node_count
-from .static_cache import StaticTreeCache, static_layout, wants_static_cache
+from .static_cache import static_layout, wants_static_cache
 from .stats import BatchGenerationStats, GenerationStats
 from .tree.tree import DraftTree
 from .verify import WalkResult, greedy_plan, greedy_result, verify_tree
@@ -284,6 +284,9 @@ class _OneRowCache:
     """One unpadded prompt (the fast path): the cache holds exactly the row's positions, the tree
     mask is the tree's own, and the accepted path is compacted in place."""
 
+    engines = None
+    """Every forward runs eagerly: no engine choice (see :attr:`~hf_spec.static_cache.StaticTreeCache.engines`)."""
+
     def __init__(self):
         self.cache = compat.full_dynamic_cache()
         self.past = 0
@@ -322,6 +325,9 @@ class _OneRowCache:
 class _PaddedCache:
     """Left-padded rows in one cache of uniform length, with per-slot validity and positions
     (see the module docstring)."""
+
+    engines = None
+    """Every forward runs eagerly: no engine choice."""
 
     def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
         self.pads = left_padding(attention_mask, input_ids)
@@ -645,7 +651,7 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     stats.total_seconds = timing.clock(device) - loop_start
     if controller is not None:
         stats.controller = controller.summary()
-    if isinstance(layout, StaticTreeCache) and layout.engines is not None:
+    if layout.engines is not None:
         stats.engines = layout.engines.summary()
     if gc.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(
