@@ -204,11 +204,13 @@ def paper_widths(drafter):
         config.tree_widths = before
 
 
-def measure_tau(target, drafter, prompts: dict, plain: dict, max_new_tokens: int, pad_token_id) -> dict:
+def measure_tau(target, drafter, prompts: dict, plain: dict, max_new_tokens: int, pad_token_id,
+                use_router: bool | None = None) -> dict:  # fmt: skip
     """Per shape: τ per prompt set (pooled over its cycles), drafting ms and verified nodes per cycle, and the
-    prompts whose output differs from plain greedy's."""
+    prompts whose output differs from plain greedy's. ``use_router``: ``generate()``'s switch for a drafter with an
+    LM-head router (None: its config's default)."""
     fixed = dict(do_sample=False, max_new_tokens=max_new_tokens, ngram_nodes=0, tree_min_prob=0.0,
-                 speed_controller=False, pad_token_id=pad_token_id)  # fmt: skip
+                 speed_controller=False, pad_token_id=pad_token_id, use_router=use_router)  # fmt: skip
     result = {}
     with paper_widths(drafter) as widths:
         for shape, options in paper_shapes(drafter).items():
@@ -419,13 +421,12 @@ def main(argv=None) -> dict:
         for routed in routings:
             method = CORAL_ROUTER if routed else drafter.config.resolved_training_method
             row = {"path": folder, "model_type": drafter.config.model_type, "training_method": method, "tf": tf}
-            if routed is not None:
-                drafter.config.use_router = routed
             with torch.inference_mode():
                 warm = prompts[next(iter(prompts))][0].to(target.device)
                 target.generate(warm, attention_mask=torch.ones_like(warm), assistant_model=drafter,
-                                max_new_tokens=8, do_sample=False, ngram_nodes=0, pad_token_id=pad)  # fmt: skip
-                row["shapes"] = measure_tau(target, drafter, prompts, plain, args.max_new_tokens, pad)
+                                max_new_tokens=8, do_sample=False, ngram_nodes=0, pad_token_id=pad,
+                                use_router=routed)  # fmt: skip
+                row["shapes"] = measure_tau(target, drafter, prompts, plain, args.max_new_tokens, pad, routed)
             row["seconds"] = round(time.time() - start, 1)
             start = time.time()
             print(json.dumps({"drafter": folder, "method": method, "tf_top1": tf["top1"],
