@@ -18,13 +18,13 @@ EPOCHS=${EPOCHS:-2}
 CACHE=runs/features/smollm2-sharegpt-distill
 D=drafters/smollm2-135m-instruct
 RECIPE="training_scripts/recipes/smollm2_drafters.sh (drafters/README.md)"
-# bf16 only where this CPU computes it natively (hf_spec.hardware): emulated bf16 made the distillation 3x slower
-# than float32 on an AVX2-only AMD EPYC (30-37 vs 100 generated tokens/s)
 # glibc's malloc gives every freed buffer over 32 MB back to the kernel, which zeroes it again when the next training
 # step asks for it: a quarter of a ParallelSpec step's CPU time went to the kernel. Keeping freed memory in the
 # process makes the steps faster (benchmarks/cpu_training_memory/); your own values, or a preloaded jemalloc or
 # tcmalloc, take precedence.
 export MALLOC_MMAP_MAX_=${MALLOC_MMAP_MAX_:-0} MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-68719476736}
+# bf16 only where this CPU computes it natively (hf_spec.hardware): emulated bf16 made the distillation 3x slower
+# than float32 on an AVX2-only AMD EPYC (30-37 vs 100 generated tokens/s)
 DTYPE=${DTYPE:-$(python -c "from hf_spec.hardware import dtype_name, resolve_dtype; print(dtype_name(resolve_dtype('auto')))")}
 BF16=$([ "$DTYPE" = bfloat16 ] && echo --bf16 || true)
 COMMON="--target_model smollm2-135m-instruct --dataset sharegpt --feature_cache $CACHE --max_length 512
