@@ -28,6 +28,7 @@ from .drafters.auto import AutoDrafter
 from .drafters.session import DraftingSession
 from .drafters.registry import DRAFTER_CLASSES
 from .generation import install, speculative_decode, uninstall
+from .linear_kernels import few_row_linears
 from .resources import PACKAGED_MODELS, load_packaged_model, packaged_model_path
 from .stats import GenerationStats
 from .tree.dynamic import TreeShape
@@ -59,6 +60,7 @@ __all__ = [
     "install",
     "uninstall",
     "speculative_decode",
+    "few_row_linears",
     "load_packaged_model",
     "packaged_model_path",
     "PACKAGED_MODELS",

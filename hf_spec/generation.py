@@ -11,6 +11,7 @@ criteria exactly as for plain decoding; every other call goes to transformers un
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -24,7 +25,9 @@ from .controller import SpeedController, controller_for
 from .decoding import PLAIN, Arm, check_batch_supported, decode, is_batched
 from .drafters.base import SpecDrafterModel
 from .hardware import warn_if_emulated_bf16
+from .linear_kernels import few_row_linears
 from .shape_select import candidate_options, check_candidates, renamed_options
+from .static_cache import wants_static_cache
 from .stats import GenerationStats
 
 __all__ = ["GenerationStats", "check_supported", "install", "is_installed", "speculative_decode", "uninstall"]
@@ -160,7 +163,10 @@ def speculative_decode(
         controller = controller_for(drafter, key, labels, start)
     temperature = float(generation_config.temperature or 1.0) if do_sample else 1.0
     _check_streamer(streamer, input_ids)
-    with compat.tree_attention(model.device):  # no key/value-head copies (CPU), no per-shape cuDNN plans (CUDA)
+    # no key/value-head copies (CPU), no per-shape cuDNN plans (CUDA); on a CPU each few-row linear layer runs the
+    # kernel measured faster (not under a static cache, whose forwards may be compiled)
+    kernels = contextlib.nullcontext() if wants_static_cache(generation_config) else few_row_linears(model, drafter)
+    with compat.tree_attention(model.device), kernels:
         output, stats = decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                drafter=drafter, arms=arms, controller=controller, do_sample=do_sample,
                                temperature=temperature, attention_mask=model_kwargs.get("attention_mask"),

@@ -29,6 +29,7 @@ import torch
 from . import compat
 from .cache import crop_to
 from .hardware import cpu_flags, machine_info
+from .linear_kernels import MAX_ROWS, TRIAL_CALLS, few_row_linears
 from .resources import cache_dir
 from .shape_select import non_decreasing
 from .timing import timed
@@ -38,10 +39,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["CACHE_FORMAT", "VERIFY_CURVE_SIZES", "measure_verify_cost", "verify_cost_curve"]
 
-CACHE_FORMAT = 4
+CACHE_FORMAT = 5
 """Version of a cached curve's JSON (2: 7 timed rounds on a 256-token prefix, made non-decreasing; 3: verification
 timed as decoding now runs it on a CPU, masked GQA attention without repeated key/value heads; 4: every size from 1
-to 6 timed). A cached curve of another format is measured again."""
+to 6 timed; 5: linear layers through :func:`~hf_spec.linear_kernels.few_row_linears`, as decoding runs them). A cached curve of another format is measured again."""
 VERIFY_CURVE_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 """Tree sizes whose verification cost :func:`verify_cost_curve` measures: every small size, because the cost of a
 few-token forward is a step function, not a line (a CPU's float32 GEMM changes kernels at a few rows: on a 2-core
@@ -54,7 +55,7 @@ _curves: dict = {}
 @torch.inference_mode()
 def measure_verify_cost(model, sizes: Sequence[int], prefix_length: int = 256, repeats: int = 7, seed: int = 0):
     """``{n: median ms of one target forward of n tree tokens on a cached prefix + the LM head over the n rows}``."""
-    with compat.tree_attention(model.device):  # as hf-spec's decoding verifies
+    with compat.tree_attention(model.device), few_row_linears(model):  # as hf-spec's decoding verifies
         return _measure_verify_cost(model, sizes, prefix_length, repeats, seed)
 
 
@@ -70,8 +71,12 @@ def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeat
     trees = {n: DraftTree.chain(1, torch.randint(0, vocab, (n - 1,), generator=g).to(device)) for n in sizes}
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     head = model.get_output_embeddings()
-    for r in range(repeats + 1):  # round 0 warms up
+    # round 0 warms up; on a CPU the sizes of few-row kernels warm up until their LM head's kernel is chosen
+    settle = TRIAL_CALLS if device.type == "cpu" else 1
+    for r in range(1 - settle, repeats + 1):
         for n in sizes:
+            if r < 0 and n > MAX_ROWS:
+                continue
             tree = trees[n]
 
             def verify():
@@ -81,7 +86,7 @@ def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeat
 
             _, ms = timed(verify, device)
             crop_to(cache, prefix_length)
-            if r:
+            if r > 0:
                 samples[n].append(ms)
     return {n: statistics.median(v) for n, v in samples.items()}
 
