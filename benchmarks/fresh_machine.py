@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import dataclasses
 import json
 import math
@@ -96,8 +97,8 @@ def parse_args():
     p.add_argument("--max-new-tokens", type=int, default=128, help="greedy tokens per generation (default 128)")
     p.add_argument("--repeats", type=int, default=2, help="timed runs per prompt and method, fastest kept (default 2)")
     p.add_argument("--methods", default=None,
-                   help="comma-separated subset of plain,prompt_lookup,ngram,eagle,hass,coral,parallelspec "
-                        "(default all; plain is always run: it is the reference)")  # fmt: skip
+                   help="comma-separated subset of plain,plain_few_row,prompt_lookup,ngram,eagle,hass,coral,"
+                        "parallelspec (default all; plain is always run: it is the reference)")  # fmt: skip
     p.add_argument("--prompts", type=int, default=None, help="use only the first N prompts (smoke tests)")
     p.add_argument("--keep-cache", action="store_true",
                    help="use hf-spec's existing cache (HF_SPEC_CACHE or ~/.cache/hf_spec) instead of a cold one")
@@ -107,17 +108,19 @@ def parse_args():
 
 
 def build_methods(hf_spec, model, wanted):
-    """{name: (generate kwargs, drafter or None)}; drafters loaded fresh from the shipped folders."""
+    """{name: (generate kwargs, drafter or None)}; drafters loaded fresh from the shipped folders. ``plain_few_row``
+    is plain ``generate()`` inside ``hf_spec.few_row_linears(model)``: the kernel choice every hf-spec method
+    decodes with on a CPU, without any drafting, so the table separates what drafting adds."""
     folders = {f.name[len(TARGET) + 1:]: f for f in sorted((REPO / "drafters").glob(f"{TARGET}-*"))
                if (f / "config.json").is_file()}  # fmt: skip
-    known = ["plain", "prompt_lookup", "ngram", *folders]
+    known = ["plain", "plain_few_row", "prompt_lookup", "ngram", *folders]
     if wanted is not None and not wanted <= set(known):
         raise SystemExit(f"unknown method(s) {sorted(wanted - set(known))}; known: {','.join(known)}")
     methods = {}
     for name in known:
         if wanted is not None and name not in wanted and name != "plain":
             continue
-        if name == "plain":
+        if name in ("plain", "plain_few_row"):
             methods[name] = ({}, None)
         elif name == "prompt_lookup":
             methods[name] = ({"prompt_lookup_num_tokens": 10}, None)
@@ -216,7 +219,8 @@ def main():
     def run(name, enc, max_new_tokens):
         kwargs, drafter = methods[name]
         start = time.perf_counter()
-        with torch.inference_mode():
+        kernels = hf_spec.few_row_linears(model) if name == "plain_few_row" else contextlib.nullcontext()
+        with torch.inference_mode(), kernels:
             output = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
         seconds = time.perf_counter() - start
         return output, seconds, getattr(drafter, "last_generation_stats", None) if drafter is not None else None
