@@ -9,13 +9,14 @@ through SmolLM2-135M's 49,152-row head, 10 ms against 3 ms. A plain float32 step
 On other machines the matrix-vector kernel is fine and the difference lies elsewhere, or nowhere; in bf16 on that
 EPYC ``F.linear`` won at every size.
 
-So nothing here is assumed: within :func:`few_row_linears`, the first calls with each row count (up to
-:data:`MAX_ROWS`) of each weight shape alternate the two kernels, timed in place on their real inputs, and from
-then on this process runs the faster one (the transposed product only when it was at least :data:`MIN_GAIN`
-faster). Choices are per weight shape, dtype, thread count and row count: a model's 30 layers of one shape settle
-one within a forward, its LM head (one call per forward) within :data:`TRIAL_CALLS` forwards. Both kernels
-compute the same products in another summation order, as a tree verification already does against a one-token
-step: greedy output stays that of plain ``generate()`` (the tests run both kernels), and sampling is unaffected.
+So nothing here is assumed: within :func:`few_row_linears`, the calls with each row count (up to
+:data:`MAX_ROWS`) of each weight shape, after each layer's first :data:`WARMUP_CALLS`, alternate the two kernels,
+timed in place on their real inputs, and from then on this process runs the faster one (the transposed product only
+when it was at least :data:`MIN_GAIN` faster). Choices are per weight shape, dtype, thread count and row count: a
+model's 30 layers of one shape settle one within a forward, its LM head (one call per forward) within
+:data:`TRIAL_CALLS` forwards. Both kernels compute the same products in another summation order, as a tree
+verification already does against a one-token step: greedy output stays that of plain ``generate()`` (the tests
+run both kernels), and sampling is unaffected.
 
 hf-spec's decoding and its verification-cost curve run inside it on a CPU; it is public because it speeds up a
 plain ``generate()`` just as well (``with hf_spec.few_row_linears(model): model.generate(...)``).
@@ -30,16 +31,20 @@ import time
 import torch
 from torch import nn
 
-__all__ = ["MAX_ROWS", "MIN_GAIN", "TRIAL_CALLS", "few_row_linears", "forced_kernel", "kernel_choices"]
+__all__ = ["MAX_ROWS", "MIN_GAIN", "TRIAL_CALLS", "WARMUP_CALLS", "few_row_linears", "forced_kernel", "kernel_choices"]
 
 MAX_ROWS = 16
 """Row counts above this always use ``F.linear`` (a matrix product of many rows has no slow few-row kernel)."""
 MIN_GAIN = 0.10
 """The transposed product replaces ``F.linear`` only when measured at least this much faster (a close call keeps
 the default kernel: the choice is one timing, and it is kept for the process)."""
-TRIAL_CALLS = 14
+WARMUP_CALLS = 2
+"""Each layer's first calls with a row count run ``F.linear`` untimed: a process's first decoding steps run slower
+for reasons of their own (memory touched for the first time), and there, on the EPYC above, the transposed product
+measured up to twice its later cost and lost choices it wins from the third step on."""
+TRIAL_CALLS = 24
 """Calls of one weight shape with one row count that run on trial (half of them with each kernel) before the
-choice: a model's 30 layers of one shape settle it within one forward, its LM head within 14."""
+choice: a model's 30 layers of one shape settle it within one forward, its LM head within 24."""
 _tables: dict[tuple, dict[int, bool]] = {}
 """(weight shape, dtype, threads) -> {rows: whether the transposed product is the faster}, for this process."""
 _trials: dict[tuple, tuple[list[float], list[float]]] = {}
@@ -103,11 +108,16 @@ def _layer_forward(layer: nn.Linear, threads: int):
     table = _tables.setdefault(base, {})
     linear = torch.nn.functional.linear
 
+    seen: dict[int, int] = {}  # row count -> this layer's calls with it so far, while no choice exists
+
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         transposed = table.get(rows) if _force is None else _force
         if transposed is None:  # no choice yet for this row count
             if 0 < rows <= MAX_ROWS and not torch.is_grad_enabled():
+                calls = seen[rows] = seen.get(rows, 0) + 1
+                if calls <= WARMUP_CALLS:
+                    return linear(x, weight, bias)
                 return _trial(base, rows, table, x.reshape(rows, x.shape[-1]), weight, bias).view(
                     *x.shape[:-1], weight.shape[0])  # fmt: skip
         elif transposed and 0 < rows <= MAX_ROWS:

@@ -29,7 +29,7 @@ import torch
 from . import compat
 from .cache import crop_to
 from .hardware import cpu_flags, machine_info
-from .linear_kernels import MAX_ROWS, TRIAL_CALLS, few_row_linears
+from .linear_kernels import MAX_ROWS, TRIAL_CALLS, WARMUP_CALLS, few_row_linears
 from .resources import cache_dir
 from .shape_select import non_decreasing
 from .timing import timed
@@ -72,7 +72,7 @@ def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeat
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     head = model.get_output_embeddings()
     # round 0 warms up; on a CPU the sizes of few-row kernels warm up until their LM head's kernel is chosen
-    settle = TRIAL_CALLS if device.type == "cpu" else 1
+    settle = WARMUP_CALLS + TRIAL_CALLS if device.type == "cpu" else 1
     for r in range(1 - settle, repeats + 1):
         for n in sizes:
             if r < 0 and n > MAX_ROWS:

@@ -39,7 +39,7 @@ def test_the_choice_is_measured_per_row_count_then_kept_and_the_block_restores_e
     model = nn.Sequential(nn.Linear(32, 64, bias=False), nn.Linear(64, 32, bias=False))
     with torch.no_grad(), few_row_linears(model):
         assert all("forward" in layer.__dict__ for layer in model)
-        for _ in range(linear_kernels.TRIAL_CALLS):  # every call feeds both layers' trials
+        for _ in range(linear_kernels.WARMUP_CALLS + linear_kernels.TRIAL_CALLS):  # every call feeds both layers' trials
             model(torch.randn(1, 32))
         model(torch.randn(40, 32))  # above MAX_ROWS: F.linear, nothing measured
         choices = kernel_choices()
