@@ -2,12 +2,11 @@
 
 Decoding multiplies a few rows (one token; a draft tree's nodes) by every weight matrix of the target and the
 drafter. PyTorch's ``F.linear(x, W)`` hands that to its BLAS, whose few-row kernels differ from machine to
-machine: on a 2-core AMD EPYC (Zen 4, torch 2.13 with MKL, float32) one row through a 1536x576 weight took
-240 us (a matrix-vector kernel, one core), while the same product written ``W @ x.T`` over two rows took 97 us;
-through SmolLM2-135M's 49,152-row head, 10 ms against 3 ms. A plain float32 step of SmolLM2-135M there went from
-57 to 33 ms, and a 2-node verification from 52-61 to 36-38 ms; at 12 and more rows ``F.linear`` was faster again.
-On other machines the matrix-vector kernel is fine and the difference lies elsewhere, or nowhere; in bf16 on that
-EPYC ``F.linear`` won at every size.
+machine: on a 2-core AMD EPYC (Zen 4, torch 2.13 with MKL, float32) the one-row product ran in a matrix-vector
+kernel on one core; written ``W @ x.T`` (the row padded to two) it took 158 us instead of 312 through a 1536x576
+weight and 5.0 ms instead of 10.3 through SmolLM2-135M's 49,152-row head, and a plain float32 step of SmolLM2-135M
+went from 58 to 33 ms with the kernels chosen here (benchmarks/few_row_kernels). Products timed in isolation, weights warm
+in a cache, can rank the kernels the other way; in bf16 on that EPYC ``F.linear`` won everywhere.
 
 So nothing here is assumed: within :func:`few_row_linears`, the calls with each row count (up to
 :data:`MAX_ROWS`) of each weight shape, after each layer's first :data:`WARMUP_CALLS`, alternate the two kernels,
