@@ -5,8 +5,8 @@ drafter. PyTorch's ``F.linear(x, W)`` hands that to its BLAS, whose few-row kern
 machine: on a 2-core AMD EPYC (Zen 4, torch 2.13 with MKL, float32) the one-row product ran in a matrix-vector
 kernel on one core; written ``W @ x.T`` (the row padded to two) it took 158 us instead of 312 through a 1536x576
 weight and 5.0 ms instead of 10.3 through SmolLM2-135M's 49,152-row head, and a plain float32 step of SmolLM2-135M
-went from 58 to 33 ms with the kernels chosen here (benchmarks/few_row_kernels). Products timed in isolation, weights warm
-in a cache, can rank the kernels the other way; in bf16 on that EPYC ``F.linear`` won everywhere.
+went from 58 to 33 ms with the kernels chosen here (benchmarks/few_row_kernels). Products timed in isolation,
+weights warm in a cache, can rank the kernels the other way; in bf16 on that EPYC ``F.linear`` won everywhere.
 
 So nothing here is assumed: within :func:`few_row_linears`, the calls with each row count (up to
 :data:`MAX_ROWS`) of each weight shape, after each layer's first :data:`WARMUP_CALLS`, alternate the two kernels,

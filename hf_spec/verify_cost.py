@@ -42,7 +42,8 @@ __all__ = ["CACHE_FORMAT", "VERIFY_CURVE_SIZES", "measure_verify_cost", "verify_
 CACHE_FORMAT = 5
 """Version of a cached curve's JSON (2: 7 timed rounds on a 256-token prefix, made non-decreasing; 3: verification
 timed as decoding now runs it on a CPU, masked GQA attention without repeated key/value heads; 4: every size from 1
-to 6 timed; 5: linear layers through :func:`~hf_spec.linear_kernels.few_row_linears`, as decoding runs them). A cached curve of another format is measured again."""
+to 6 timed; 5: linear layers through :func:`~hf_spec.linear_kernels.few_row_linears`, as decoding runs them). A
+cached curve of another format is measured again."""
 VERIFY_CURVE_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 """Tree sizes whose verification cost :func:`verify_cost_curve` measures: every small size, because the cost of a
 few-token forward is a step function, not a line (a CPU's float32 GEMM changes kernels at a few rows: on a 2-core
@@ -71,9 +72,11 @@ def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeat
     trees = {n: DraftTree.chain(1, torch.randint(0, vocab, (n - 1,), generator=g).to(device)) for n in sizes}
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     head = model.get_output_embeddings()
-    # round 0 warms up; on a CPU the sizes of few-row kernels warm up until their LM head's kernel is chosen
-    settle = WARMUP_CALLS + TRIAL_CALLS if device.type == "cpu" else 1
-    for r in range(1 - settle, repeats + 1):
+    # Round 0 warms up. On a CPU the few-row sizes first run each layer's untimed calls (WARMUP_CALLS rounds before
+    # it), and round 0 then settles their kernel choices as decoding would: one forward settles the 30 layers of a
+    # shape; the LM head, one call per forward, gets its TRIAL_CALLS calls on the round's own hidden state.
+    few_row = device.type == "cpu"
+    for r in range(-WARMUP_CALLS if few_row else 0, repeats + 1):
         for n in sizes:
             if r < 0 and n > MAX_ROWS:
                 continue
@@ -82,12 +85,16 @@ def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeat
             def verify():
                 out = base(input_ids=tree.tokens.view(1, -1), attention_mask=tree.attention_mask(prefix_length, model.dtype, window),
                            position_ids=tree.position_ids(prefix_length), past_key_values=cache, use_cache=True)  # fmt: skip
-                return head(out.last_hidden_state[0]).float()
+                hidden = out.last_hidden_state[0]
+                return hidden, head(hidden).float()
 
-            _, ms = timed(verify, device)
+            (hidden, _), ms = timed(verify, device)
             crop_to(cache, prefix_length)
             if r > 0:
                 samples[n].append(ms)
+            elif r == 0 and few_row and n <= MAX_ROWS:
+                for _ in range(TRIAL_CALLS):
+                    head(hidden)
     return {n: statistics.median(v) for n, v in samples.items()}
 
 
