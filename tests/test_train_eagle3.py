@@ -144,6 +144,9 @@ def test_train_eagle3_script_trains_and_the_checkpoint_decodes_losslessly(tmp_pa
     summary = json.loads((out_dir / "training_summary.json").read_text())
     losses = [r["loss"] for r in summary["log_history"] if "loss" in r]
     assert summary["method"] == "eagle3" and len(losses) >= 30
+    recipe = summary["recipe"]  # what the model card states: the training-time test depth as run, EAGLE-3's loss
+    assert recipe["hass_steps"] == 3 and recipe["w_reg"] == 0.0 and recipe["learning_rate"] == 3e-3
+    assert "output_dir" not in recipe and "logging_steps" not in recipe
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5, losses
 
     drafter = hf_spec.Eagle3Drafter.from_pretrained(out_dir)

@@ -37,6 +37,7 @@ from hf_spec.training.trainers import (
     HassTrainingArguments,
     RouterTrainer,
     RouterTrainingArguments,
+    recipe_settings,
 )
 
 LN = torch.log
@@ -159,6 +160,19 @@ def test_hass_loss_is_weighted_sum_of_step_losses():
     plain = drafter(input_ids=d_ids, hidden_states=f_in, output_logits=True)
     ref = eagle_loss(plain.last_hidden_state, f_tgt, plain.logits, target_logits, mask)["loss"]
     torch.testing.assert_close(one["loss"], ref)
+
+
+@pytest.mark.parametrize("args_class, own", [(HassTrainingArguments, {"hass_steps": 2, "topk": 10, "w_topk": 1.0}),
+                                             (ParallelTrainingArguments, {"parallel_group_density": 1.0})])  # fmt: skip
+def test_recipe_settings_hold_the_methods_own_fields_and_the_optimisers(args_class, own, tmp_path):
+    """What a run's summary and its model card state as its recipe: the fields the method adds to
+    TrainingArguments and the optimiser's, not where it logs or saves."""
+    kwargs = {"hass_steps": 2} if args_class is HassTrainingArguments else {}
+    recipe = recipe_settings(args_class(output_dir=str(tmp_path), learning_rate=5e-4, **kwargs))
+    assert own.items() <= recipe.items()
+    assert recipe["learning_rate"] == 5e-4 and "warmup_steps" in recipe and "per_device_train_batch_size" in recipe
+    assert recipe["lr_scheduler_type"] == "linear"  # the value a card prints, not transformers' enum
+    assert not {"output_dir", "logging_steps", "save_steps", "report_to"} & recipe.keys()
 
 
 def test_shift_for_drafter_masks_the_predicted_token():

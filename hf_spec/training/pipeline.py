@@ -41,7 +41,7 @@ from .data import (
     load_target,
 )
 from .parallelspec import ParallelTrainer
-from .trainers import CoralTrainer, Eagle3Trainer, EagleTrainer, HassTrainer, RouterTrainer
+from .trainers import CoralTrainer, Eagle3Trainer, EagleTrainer, HassTrainer, RouterTrainer, recipe_settings
 
 _EAGLE, _EAGLE3, _PARALLEL = (EagleDrafterConfig.model_type, Eagle3DrafterConfig.model_type,
                               ParallelDrafterConfig.model_type)  # fmt: skip
@@ -308,7 +308,7 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
         drafter.save_pretrained(training_args.output_dir)
         summary = {"method": method, "data": asdict(data_args), "feature_cache": cache,
                    "examples": len(trainer.train_dataset), "held_out_examples": data_args.eval_examples,
-                   "num_train_epochs": training_args.num_train_epochs,
+                   "num_train_epochs": training_args.num_train_epochs, "recipe": recipe_settings(training_args),
                    "draft_vocab_size": drafter.config.draft_vocab_size, "draft_vocab_coverage": coverage,
                    "global_step": trainer.state.global_step, "train_runtime_s": result.metrics.get("train_runtime"),
                    "total_wall_s": time.time() - start, "final_train_loss": result.training_loss,

@@ -8,7 +8,8 @@ accumulation, checkpoints, ``resume_from_checkpoint``, ``push_to_hub``) is the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from enum import Enum
 
 import torch
 from transformers import Trainer, TrainingArguments
@@ -62,6 +63,21 @@ class HassTrainingArguments(EagleTrainingArguments):
     hass_beta: float = field(default=1.0, metadata={"help": "step j's loss is weighted by beta^(j-1) (HASS: 1.0; 0.5 helped 70B)"})
     topk: int = field(default=10, metadata={"help": "K of the Top-K distillation loss (HASS: 10)"})
     w_topk: float = field(default=1.0, metadata={"help": "weight w of the Top-K loss (HASS: 1.0)"})
+
+
+RECIPE_OPTIMISER_FIELDS = ("learning_rate", "warmup_steps", "lr_scheduler_type", "per_device_train_batch_size",
+                           "gradient_accumulation_steps", "max_grad_norm", "adam_beta2", "bf16")  # fmt: skip
+
+
+def recipe_settings(training_args) -> dict:
+    """The settings that make a run's recipe, for its summary and model card: every field a drafter's
+    training-arguments class adds to ``transformers.TrainingArguments`` (loss weights, alignment or
+    training-time-test steps, ...) and the optimiser's (:data:`RECIPE_OPTIMISER_FIELDS`)."""
+    base = {f.name for f in fields(TrainingArguments)}
+    own = [f.name for f in fields(training_args) if f.name not in base]
+    values = {name: getattr(training_args, name) for name in (*own, *RECIPE_OPTIMISER_FIELDS)
+              if hasattr(training_args, name)}  # fmt: skip
+    return {name: value.value if isinstance(value, Enum) else value for name, value in values.items()}
 
 
 def _drafter_inputs(trainer: Trainer, inputs: dict):

@@ -3,6 +3,7 @@
 #   1. self-distil 4,480 ShareGPT first turns, keeping the target's features (one target pass)
 #   2. train EAGLE, HASS, ParallelSpec and CORAL on that cache, EPOCHS (default 2) epochs each, same settings, 128
 #      examples held out: training_summary.json's log_history holds the training and held-out top-1 curves
+#      (METHODS=eagle3 trains EAGLE-3 alike; its folder takes EAGLE's fallback shape and n-gram settings)
 #   3. publish each into drafters/; measure each drafter's shape candidates (tau, verified nodes) on held-aside
 #      prompts (33..37 of each set): the rungs the online speed controller chooses among
 #   4. benchmark: first 3 prompts of each set, then held-out prompts 6..8, all methods interleaved; then
@@ -43,6 +44,9 @@ if [[ " $STEPS " == *" train "* ]]; then
     case $method in
       coral) extra="--w_csra 0.05 --router_max_steps 60" ;;
       parallelspec) extra="--gradient_accumulation_steps 1" ;;
+      # EAGLE-3's training-time test unrolls 7 depths; the shipped folder unrolled 3 (HASS's alignment depth) for 2
+      # epochs, what a 2-core CPU session afforded (TTT_STEPS=7 for the paper's)
+      eagle3) extra="--hass_steps ${TTT_STEPS:-3}" ;;
       *) extra="" ;;
     esac
     OMP_NUM_THREADS=2 python training_scripts/train_$method.py $COMMON --output_dir $out $extra && touch $out/DONE_${EPOCHS}ep
@@ -54,10 +58,15 @@ if [[ " $STEPS " == *" publish "* ]]; then
   # chains, candidates: publish_drafter.py TUNED_FIELDS).
   for method in $METHODS; do
     python training_scripts/publish_drafter.py runs/train/$method $D-$method --command "$RECIPE" \
-      --ngram-datastore $CACHE $([ "$method" = parallelspec ] && echo --tree-widths 2 1)
+      --ngram-datastore $CACHE $([ "$method" = parallelspec ] && echo --tree-widths 2 1) \
+      $([ "$method" = eagle3 ] && echo --tree-from $D-eagle)
   done
-  # the shape candidates each drafter's speed controller chooses among at run time
+  # the shape candidates each drafter's speed controller chooses among at run time, then the cards again (they list
+  # the candidates)
   python training_scripts/measure_shape_candidates.py $(for method in $METHODS; do echo $D-$method; done)
+  for method in $METHODS; do
+    python training_scripts/publish_drafter.py $D-$method $D-$method --command "$RECIPE"
+  done
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
   # every drafter with its run-time shape and the folder's n-gram settings, beside plain, prompt lookup and the
