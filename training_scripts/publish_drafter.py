@@ -19,9 +19,6 @@ import os
 
 import torch
 from transformers import AutoModel
-from transformers.trainer_utils import get_last_checkpoint
-
-from hf_spec.training.trainers import recipe_settings
 
 TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_widths", "ngram_nodes", "ngram_depth",
                 "ngram_copy_nodes", "ngram_cost_gate", "tree_shape_candidates", "auto_tree_shape",
@@ -45,18 +42,6 @@ def card_results(path: str, method: str) -> dict:
                for name, rows in run["summary"].items() if name != "all" and method in rows]  # fmt: skip
     return {"machine": machine, "date": run["date"][:10], "command": run["command"],
             "baseline": "plain greedy generate(), same run", "results": entries}  # fmt: skip
-
-
-def run_recipe(run_dir: str, summary: dict) -> dict:
-    """The run's recipe settings (loss weights, alignment steps, optimiser; ``recipe_settings``): from its summary,
-    or, for a run whose summary predates them, from the TrainingArguments its last checkpoint pickled."""
-    if "recipe" in summary:
-        return summary["recipe"]
-    checkpoint = get_last_checkpoint(run_dir) if os.path.isdir(run_dir) else None
-    args_file = os.path.join(checkpoint, "training_args.bin") if checkpoint else None
-    if args_file and os.path.exists(args_file):
-        return recipe_settings(torch.load(args_file, weights_only=False))  # our own run's file, written by Trainer
-    return {}
 
 
 def main(argv=None):
@@ -129,8 +114,7 @@ def main(argv=None):
                                                  "examples", "held_out_examples", "num_train_epochs",
                                                  "draft_vocab_size", "draft_vocab_coverage")
                          if k in summary})  # fmt: skip
-            if name != "router_training_summary.json":
-                info.update(run_recipe(os.path.dirname(path), summary))
+            info.update(summary.get("recipe", {}))  # the run's loss weights, steps and optimiser (recipe_settings)
     info["datasets"] = [args.datasets]
     if args.command:
         info["command"] = args.command

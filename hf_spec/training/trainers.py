@@ -75,8 +75,7 @@ def recipe_settings(training_args) -> dict:
     training-time-test steps, ...) and the optimiser's (:data:`RECIPE_OPTIMISER_FIELDS`)."""
     base = {f.name for f in fields(TrainingArguments)}
     own = [f.name for f in fields(training_args) if f.name not in base]
-    values = {name: getattr(training_args, name) for name in (*own, *RECIPE_OPTIMISER_FIELDS)
-              if hasattr(training_args, name)}  # fmt: skip
+    values = {name: getattr(training_args, name) for name in (*own, *RECIPE_OPTIMISER_FIELDS)}
     return {name: value.value if isinstance(value, Enum) else value for name, value in values.items()}
 
 
