@@ -366,3 +366,45 @@ def test_label_token_counts_and_trainer_with_a_draft_vocabulary(tmp_path):
     assert after < 0.5 * before, (before, after)
     all_outside = torch.full_like(batch["labels"], -100)
     assert float(sorted_loss(drafter(batch["input_ids"]).logits_per_exit, all_outside)) == 0.0
+
+
+def test_sorted_loss_is_the_mean_of_each_exits_cross_entropy_hand_computed():
+    """S2D Eq. 3 on a hand-computed case: 2 exits, 4 tokens, one sequence of 3 positions whose first label is
+    padding; position t is scored against labels[t + 1] (the last position predicts nothing)."""
+    from hf_spec.training.losses import sorted_loss
+
+    labels = torch.tensor([[-100, 0, -100, 3]])  # positions 0 and 2 count (targets 0 and 3), position 1 does not
+    shallow = torch.zeros(1, 4, 4)  # uniform: CE = log 4 at every position
+    deep = torch.zeros(1, 4, 4)
+    deep[0, 0, 0] = 2.0  # right token at logit 2: CE = log(e^2 + 3) - 2
+    deep[0, 2, 1] = 1.0  # wrong token at logit 1: CE = log(e + 3)
+    deep[0, 1, 2] = 9.0  # an ignored position moves nothing
+    expected_deep = ((torch.log(torch.tensor(2.0).exp() + 3) - 2) + torch.log(torch.tensor(1.0).exp() + 3)) / 2
+    expected = (torch.log(torch.tensor(4.0)) + expected_deep) / 2
+    assert torch.allclose(sorted_loss([shallow, deep], labels), expected, atol=1e-6)
+    assert torch.allclose(sorted_loss([deep], labels), expected_deep, atol=1e-6)  # one exit: plain causal-LM CE
+
+
+def test_sorted_trainer_evaluate_reports_each_exits_held_out_top1(tmp_path):
+    """The curves' metric: each exit's argmax against the labels at the labelled positions, computed by hand."""
+    from hf_spec.training.s2d_trainer import SortedTrainer, SortedTrainingConfig, pad_collator
+
+    _, drafter = sorted_pair(num_layers=2, exits=(1, 2), thresholds=(0.5, 0.0))
+    g = torch.Generator().manual_seed(1)
+    rows = [{"input_ids": (ids := torch.randint(1, 128, (n,), generator=g).tolist()), "labels": [-100] + ids[1:]}
+            for n in (5, 9, 7)]  # fmt: skip
+    args = SortedTrainingConfig(output_dir=str(tmp_path), per_device_eval_batch_size=2, use_cpu=True, report_to="none")
+    trainer = SortedTrainer(model=drafter.eval(), args=args, eval_dataset=rows, data_collator=pad_collator(0))
+    metrics = trainer.evaluate()
+    batch = pad_collator(0)(rows)
+    with torch.no_grad():
+        exits = drafter(batch["input_ids"]).logits_per_exit
+    labels = batch["labels"][:, 1:]
+    valid = labels != -100
+    assert int(valid.sum()) == 4 + 8 + 6  # position t predicts labels[t + 1]: n - 1 positions a row
+    for layer, logits in zip((1, 2), exits):
+        expected = float((logits[:, :-1].argmax(-1) == labels)[valid].float().mean())
+        assert metrics[f"eval_top1_exit_{layer}"] == pytest.approx(expected)
+    with torch.no_grad():
+        assert metrics["eval_loss"] > 0 and metrics["eval_loss"] == pytest.approx(
+            float(drafter(batch["input_ids"], labels=batch["labels"]).loss), rel=0.2)  # two batches vs one: close

@@ -56,7 +56,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from hf_spec import PACKAGED_MODELS, SortedDrafter, draft_vocab, load_packaged_model, packaged_model_path
 from hf_spec.bench.datasets import load_chitchat, load_sharegpt
 from hf_spec.drafters.s2d import target_entry
-from hf_spec.training.pipeline import end_training
+from hf_spec.training.pipeline import end_training, write_training_summary
 from hf_spec.training.s2d_trainer import (
     SortedTrainer,
     SortedTrainingConfig,
@@ -108,6 +108,9 @@ def main(argv=None):
                         help="train rank-r LoRA adapters (peft) on the borrowed layers instead of the layers; the "
                              "checkpoint holds adapters + norm + draft-vocabulary map only")
     parser.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default 2 x rank)")  # fmt: skip
+    parser.add_argument("--eval_examples", type=int, default=0,
+                        help="hold out the last N conversations: held-out loss and each exit's top-1 accuracy at the "
+                             "end and at every --eval_steps with --eval_strategy steps (the training curves)")
     parser.add_argument("--exit_adapters", action="store_true",
                         help="frozen backbone: train only a per-exit adapter (linear map + norm) for every exit but "
                              "the last, distilled from the last exit (with --num_layers = the source's depth, the "
@@ -150,16 +153,27 @@ def main(argv=None):
         if training_args.bf16:  # the frozen backbone runs in bf16 (no per-step weight casts); adapters stay fp32
             for frozen in (drafter.embed_tokens, drafter.layers, drafter.norm, drafter.lm_head):
                 frozen.to(torch.bfloat16)
+    if not 0 <= extra.eval_examples < len(rows):
+        parser.error(f"--eval_examples {extra.eval_examples} must be in [0, {len(rows)}) (the conversations kept).")
+    held_out = rows[len(rows) - extra.eval_examples :] if extra.eval_examples else None
+    rows = rows[: len(rows) - extra.eval_examples]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    trainer = SortedTrainer(model=drafter.train(), args=training_args, train_dataset=rows, data_collator=pad_collator(pad))
+    trainer = SortedTrainer(model=drafter.train(), args=training_args, train_dataset=rows, eval_dataset=held_out,
+                            data_collator=pad_collator(pad))  # fmt: skip
     last = get_last_checkpoint(training_args.output_dir) if training_args.output_dir else None
-    trainer.train(resume_from_checkpoint=last)
+    result = trainer.train(resume_from_checkpoint=last)
+    if held_out:
+        trainer.evaluate()  # the curve's last point
     info = {"datasets": [extra.dataset], "command": "training_scripts/train_s2d.py " + command,
             "distilled_from": extra.distill_from, "frozen_embeddings": extra.freeze_embeddings,
             "draft_vocab_size": drafter.config.draft_vocab_size, "draft_vocab_coverage": coverage,
             "lora_rank": extra.lora_rank, "exit_adapters": extra.exit_adapters, "bf16": training_args.bf16}  # fmt: skip
     drafter.eval().save_pretrained(training_args.output_dir, training_info=info)
     tokenizer.save_pretrained(training_args.output_dir)
+    write_training_summary(trainer, result, method="s2d-exit-adapters" if extra.exit_adapters else "s2d-sorted",
+                           data={"dataset": extra.dataset, "limit": extra.limit, "max_length": training_args.max_length,
+                                 "distilled_from": extra.distill_from}, held_out_examples=extra.eval_examples,
+                           draft_vocab_size=drafter.config.draft_vocab_size, draft_vocab_coverage=coverage)  # fmt: skip
     end_training()
 
 

@@ -306,18 +306,25 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
     result = trainer.train(resume_from_checkpoint=resume)
     if trainer.is_world_process_zero():
         drafter.save_pretrained(training_args.output_dir)
-        summary = {"method": method, "data": asdict(data_args), "feature_cache": cache,
-                   "examples": len(trainer.train_dataset), "held_out_examples": data_args.eval_examples,
-                   "num_train_epochs": training_args.num_train_epochs, "recipe": recipe_settings(training_args),
-                   "draft_vocab_size": drafter.config.draft_vocab_size, "draft_vocab_coverage": coverage,
-                   "global_step": trainer.state.global_step, "train_runtime_s": result.metrics.get("train_runtime"),
-                   "total_wall_s": time.time() - start, "final_train_loss": result.training_loss,
-                   "log_history": trainer.state.log_history}  # fmt: skip
-        with open(os.path.join(training_args.output_dir, "training_summary.json"), "w") as f:
-            json.dump(summary, f, indent=1, default=str)
+        write_training_summary(trainer, result, method=method, data=asdict(data_args), feature_cache=cache,
+                               held_out_examples=data_args.eval_examples, draft_vocab_size=drafter.config.draft_vocab_size,
+                               draft_vocab_coverage=coverage, total_wall_s=time.time() - start)  # fmt: skip
         if training_args.push_to_hub:
             trainer.push_to_hub()
     return drafter
+
+
+def write_training_summary(trainer, result, **facts) -> None:
+    """``<output_dir>/training_summary.json``: ``facts`` (method, data, held-out examples, draft vocabulary...) and
+    what every run records (examples, epochs, the recipe's settings, steps, runtime, final loss, the log history),
+    which ``training_scripts/publish_drafter.py`` turns into the model card's training section."""
+    args = trainer.args
+    summary = {**facts, "examples": len(trainer.train_dataset), "num_train_epochs": args.num_train_epochs,
+               "recipe": recipe_settings(args), "global_step": trainer.state.global_step,
+               "train_runtime_s": result.metrics.get("train_runtime"), "final_train_loss": result.training_loss,
+               "log_history": trainer.state.log_history}  # fmt: skip
+    with open(os.path.join(args.output_dir, "training_summary.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=str)
 
 
 def end_training() -> None:

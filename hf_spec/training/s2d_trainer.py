@@ -53,6 +53,35 @@ class SortedTrainer(Trainer):
         loss = self.accelerator.unwrap_model(model).training_loss(outputs.logits_per_exit, inputs["labels"])
         return (loss, outputs) if return_outputs else loss
 
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
+        """Held-out loss and every exit's next-token top-1 accuracy against the labels (with self-distilled rows,
+        the teacher's greedy token; labels outside the draft vocabulary count as misses): the sorted drafter's
+        training curves, logged as ``eval_loss`` and ``eval_top1_exit_<layer>``."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        drafter = self.accelerator.unwrap_model(self.model)
+        was_training = drafter.training
+        drafter.eval()
+        hits, positions, loss, batches = torch.zeros(len(drafter.config.exits)), 0, 0.0, 0
+        for batch in self.get_eval_dataloader(dataset):
+            batch = self._prepare_inputs(batch)
+            with self.compute_loss_context_manager():
+                outputs = drafter(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
+                loss += float(drafter.training_loss(outputs.logits_per_exit, batch["labels"]))
+            labels = batch["labels"][:, 1:]
+            valid = labels != -100
+            targets = drafter.exit_labels(batch["labels"])[:, 1:][valid]  # -100 (a miss) outside the draft vocabulary
+            for i, logits in enumerate(outputs.logits_per_exit):
+                hits[i] += float((logits[:, :-1][valid].argmax(-1) == targets).sum())
+            positions += int(valid.sum())
+            batches += 1
+        drafter.train(was_training)
+        metrics = {f"{metric_key_prefix}_loss": loss / max(batches, 1)}
+        for layer, hit in zip(drafter.config.exits, hits.tolist()):
+            metrics[f"{metric_key_prefix}_top1_exit_{layer}"] = hit / max(positions, 1)
+        self.log(metrics)
+        return metrics
+
 
 def tokenize_conversations(tokenizer, conversations, max_length: int, assistant_only: bool = False) -> list[dict]:
     """Chats -> ``{"input_ids", "labels"}`` rows with the tokenizer's chat template (raw text without one)."""
