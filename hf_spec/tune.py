@@ -42,6 +42,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .hub.cards import refresh_model_card
 from .shape_select import CANDIDATE_OPTIONS, check_candidates, interpolate_cost
 from .timing import timed
 from .tree.dynamic import TreeShape
@@ -363,7 +364,8 @@ def format_table(report: dict, limit: int = 15) -> str:
 
 def write_tree_shape(drafter_dir, shape: TreeShape, tuned_for: dict) -> Path:
     """Store ``shape`` as the default tree of the drafter saved in ``drafter_dir`` (config.json, and
-    generation_config.json when there is one) with ``tree_tuned_for`` provenance."""
+    generation_config.json when there is one) with ``tree_tuned_for`` provenance; an hf-spec card there is
+    re-rendered (:func:`hf_spec.hub.cards.refresh_model_card`)."""
     directory = Path(drafter_dir)
     config_path = directory / "config.json"
     if not config_path.is_file():
@@ -376,6 +378,7 @@ def write_tree_shape(drafter_dir, shape: TreeShape, tuned_for: dict) -> Path:
             data = json.loads(path.read_text())
             data.update(values, **extra)
             path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    refresh_model_card(directory)
     return config_path
 
 
@@ -430,7 +433,8 @@ def measure_candidates(model, drafter, prompts: Sequence[torch.Tensor], candidat
 def write_shape_candidates(drafter_dir, candidates: Sequence[dict], provenance: dict) -> Path:
     """Store ``candidates`` (rows of :func:`measure_candidates`) as the ``tree_shape_candidates`` of
     the drafter saved in ``drafter_dir`` and switch the run-time choice among them on (``auto_tree_shape``
-    None); ``provenance`` (prompts, command, date) goes to ``tree_shape_candidates_measured``."""
+    None); ``provenance`` (prompts, command, date) goes to ``tree_shape_candidates_measured``. An hf-spec card
+    there is re-rendered (:func:`hf_spec.hub.cards.refresh_model_card`)."""
     config_path = Path(drafter_dir) / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} not found. Fix: pass a local directory saved with save_pretrained.")
@@ -438,4 +442,5 @@ def write_shape_candidates(drafter_dir, candidates: Sequence[dict], provenance: 
     data = json.loads(config_path.read_text())
     data.update(tree_shape_candidates=rows, auto_tree_shape=None, tree_shape_candidates_measured=provenance)
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    refresh_model_card(drafter_dir)
     return config_path

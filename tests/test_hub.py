@@ -308,6 +308,41 @@ def test_bench_results_are_validated(mutate, message):
         cards.load_bench_results(bench)
 
 
+def test_card_inputs_are_stored_beside_it_and_refresh_re_renders_it(tmp_path):
+    """save_pretrained keeps the card's inputs (training_info.json, card_results.json) beside README.md, and only
+    those of the card it just wrote: refresh_model_card re-renders exactly that card."""
+    drafter = hf_spec.EagleDrafter.from_target(make_target(), name_or_path="org/target")
+    folder = tmp_path / "d"
+    drafter.save_pretrained(folder, bench_results=BENCH, training_info={"datasets": ["sharegpt"], "epochs": 2})
+    assert (folder / cards.TRAINING_INFO).read_text() == json.dumps({"datasets": ["sharegpt"], "epochs": 2},
+                                                                     indent=1, sort_keys=True)  # fmt: skip
+    assert json.loads((folder / cards.CARD_RESULTS).read_text()) == cards.load_bench_results(BENCH)
+    card = (folder / "README.md").read_text()
+    assert cards.refresh_model_card(folder) == folder / "README.md"
+    assert (folder / "README.md").read_text() == card
+
+    drafter.save_pretrained(folder)  # a card without results or training facts: no stale inputs beside it
+    assert not (folder / cards.CARD_RESULTS).exists() and json.loads((folder / cards.TRAINING_INFO).read_text()) == {}
+    cards.refresh_model_card(folder)
+    assert "not measured yet" in (folder / "README.md").read_text()
+
+    (folder / "README.md").unlink()
+    assert cards.refresh_model_card(folder) is None and not (folder / "README.md").exists()
+
+
+def test_refresh_keeps_a_card_written_before_its_inputs_were_stored(tmp_path):
+    """A card whose results or training facts live only in README.md (saved before hf-spec stored them beside it)
+    is not re-rendered: that would drop them."""
+    drafter = hf_spec.EagleDrafter.from_target(make_target())
+    for stored in (cards.CARD_RESULTS, cards.TRAINING_INFO):
+        drafter.save_pretrained(tmp_path, bench_results=BENCH, training_info={"epochs": 2})
+        (tmp_path / stored).unlink()
+        card = (tmp_path / "README.md").read_bytes()
+        with pytest.warns(UserWarning, match=f"written without {stored}"):
+            assert cards.refresh_model_card(tmp_path) is None
+        assert (tmp_path / "README.md").read_bytes() == card
+
+
 def _tiny_chat_tokenizer(vocab_size: int = 128):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -364,7 +399,9 @@ def test_push_to_hub_uploads_weights_config_card_and_remote_code(tmp_path, monke
     (commit,) = hub.commits
     files = commit["files"]
     generated = remote_code.remote_code_files(hf_spec.EagleDrafter, hf_spec.EagleDrafterConfig)
-    assert set(files) == {"config.json", "model.safetensors", "README.md", *generated}
+    assert set(files) == {"config.json", "model.safetensors", "README.md", "training_info.json", "card_results.json",
+                          *generated}  # fmt: skip
+    assert json.loads(files["training_info.json"]) == {"epochs": 1}  # the card's inputs: a download can refresh it
     for name, source in generated.items():
         assert files[name].decode() == source
     config = json.loads(files["config.json"])

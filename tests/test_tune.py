@@ -20,6 +20,7 @@ from hf_spec.tune import (
     predict,
     replay_cycles,
     tune,
+    write_shape_candidates,
     write_tree_shape,
 )
 from tests.conftest import make_target, random_prompt
@@ -116,6 +117,47 @@ def test_tune_end_to_end_and_write_round_trip(tiny_pair, tmp_path):
     assert loaded.tree_shape() == TreeShape(3, 2, 5) != TreeShape(6, 8, 60)
     assert loaded.config.tree_tuned_for["dtype"] == "float32"
     assert isinstance(best.depth, int)
+
+
+CARD_BENCH = {"machine": "2-core CPU", "date": "2026-11-20", "command": "hf-spec bench --drafter ./d",
+              "baseline": "plain greedy generate()", "results": [{"dataset": "mt_bench", "tau": 3.25, "speedup": 1.91}]}
+
+
+def test_config_writes_re_render_the_hf_spec_card_from_its_stored_inputs(tmp_path):
+    """The card lists the config's shape candidates and default tree: both config writers re-render it from the
+    inputs save_pretrained stored beside it, so it keeps its benchmark results and training facts."""
+    drafter = hf_spec.EagleDrafter.from_target(make_target("llama", vocab_size=16))
+    folder = tmp_path / "d"
+    drafter.save_pretrained(folder, bench_results=CARD_BENCH, training_info={"datasets": ["sharegpt"], "epochs": 7})
+    assert json.loads((folder / "training_info.json").read_text()) == {"datasets": ["sharegpt"], "epochs": 7}
+    assert json.loads((folder / "card_results.json").read_text())["results"][0]["tau"] == 3.25
+    assert "| 5 | 3 | 9 | 2 |" not in (folder / "README.md").read_text()
+
+    rows = [dict(tree_depth=5, tree_top_k=3, tree_total_tokens=9, tree_min_prob=None, ngram_nodes=2, tau=2.875,
+                 verified_nodes=10.0)]  # fmt: skip
+    write_shape_candidates(folder, rows, {"by": "test"})
+    card = (folder / "README.md").read_text()
+    assert "| 5 | 3 | 9 | 2 | 2.88 | 10.0 |" in card  # the new candidate
+    # a tuned fixed shape switches the run-time choice off: the card shows the new default tree, no candidates
+    write_tree_shape(folder, TreeShape(3, 2, 5), {"device": "cpu"})
+    tuned = (folder / "README.md").read_text()
+    assert "| default tree | depth 3, top-k 2, 5 tokens |" in tuned and "| 5 | 3 | 9 | 2 |" not in tuned
+    for text in (card, tuned):
+        assert "hf-spec bench --drafter ./d" in text and "acceptance_length" in text  # the results stay
+        assert "sharegpt" in text and "epochs" in text  # the training facts stay
+
+
+def test_config_writes_never_touch_a_readme_hf_spec_did_not_write(tmp_path):
+    drafter = hf_spec.EagleDrafter.from_target(make_target("llama", vocab_size=16))
+    folder = tmp_path / "d"
+    drafter.save_pretrained(folder)
+    own = "---\nlicense: mit\n---\n# My drafter\n\nlibrary_name: hf-spec (in the body, not the front matter)\n"
+    (folder / "README.md").write_bytes(own.encode())
+    rows = [dict(tree_depth=2, tree_top_k=2, tree_total_tokens=3, ngram_nodes=None, tau=1.5, verified_nodes=3.0)]
+    write_shape_candidates(folder, rows, {"by": "test"})
+    write_tree_shape(folder, TreeShape(3, 2, 5), {"device": "cpu"})
+    assert (folder / "README.md").read_bytes() == own.encode()
+    assert json.loads((folder / "config.json").read_text())["tree_depth"] == 3
 
 
 def test_tune_refuses_fixed_tree_drafters():

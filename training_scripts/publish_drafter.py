@@ -20,11 +20,11 @@ import os
 import torch
 from transformers import AutoModel
 
+from hf_spec.hub.cards import TRAINING_INFO  # the card's training facts, which save_pretrained writes beside it
+
 TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_widths", "ngram_nodes", "ngram_depth",
                 "ngram_copy_nodes", "ngram_cost_gate", "tree_shape_candidates", "auto_tree_shape",
                 "tree_shape_candidates_measured", "tree_tuned_for", "use_router")
-TRAINING_INFO = "training_info.json"
-"""Written beside the weights: the card's training facts, read back when a published folder is its own source."""
 
 
 def card_results(path: str, method: str) -> dict:
@@ -119,9 +119,7 @@ def main(argv=None):
     if args.command:
         info["command"] = args.command
     bench = card_results(args.bench, args.bench_method or f"hf_spec:{args.destination.rstrip('/')}") if args.bench else None
-    drafter.save_pretrained(args.destination, bench_results=bench, training_info=info)
-    with open(os.path.join(args.destination, TRAINING_INFO), "w") as f:  # the card's training record, kept for re-publishing
-        json.dump(info, f, indent=1, sort_keys=True)
+    drafter.save_pretrained(args.destination, bench_results=bench, training_info=info)  # writes TRAINING_INFO too
     print(f"published {args.source} -> {args.destination}: {sorted(os.listdir(args.destination))}")
 
 

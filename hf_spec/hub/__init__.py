@@ -17,7 +17,8 @@ from .convert import convert_to_family
 
 def after_save_pretrained(model, save_directory: str | os.PathLike, *, bench_results=None, training_info=None,
                           is_main_process: bool = True) -> None:  # fmt: skip
-    """What hf-spec adds to transformers' ``save_pretrained``: remote code, ``auto_map``, README.md."""
+    """What hf-spec adds to transformers' ``save_pretrained``: remote code, ``auto_map``, README.md and the card's
+    inputs (:func:`hf_spec.hub.cards.write_model_card`)."""
     if not is_main_process:
         return
     from .cards import write_model_card

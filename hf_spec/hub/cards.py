@@ -29,12 +29,17 @@ Benchmark JSON schema (``hf-spec-bench/1``)::
 ratio over ``baseline``. Every entry must end up with ``machine``, ``date``, ``command`` and
 ``baseline`` (its own or the top-level ones). :data:`BENCH_RESULTS_SCHEMA` is the same as a
 JSON Schema document.
+
+A written card keeps its inputs beside it (``training_info.json``; ``card_results.json`` when it has
+results), so :func:`refresh_model_card` re-renders it after the config changes (``hf-spec tune --write``,
+:func:`hf_spec.tune.write_shape_candidates`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from importlib import resources
 from pathlib import Path
 
@@ -42,6 +47,11 @@ from ..drafters.registry import drafter_classes
 from ..version import __version__
 
 TEMPLATE_SUFFIX = ".md.j2"
+CARD = "README.md"
+TRAINING_INFO = "training_info.json"
+"""The card's training facts, written beside it (``json``, indent 1, sorted keys)."""
+CARD_RESULTS = "card_results.json"
+"""The card's benchmark results as :func:`load_bench_results` returns them, written beside it when it has any."""
 BENCH_SCHEMA_ID = "hf-spec-bench/1"
 PROVENANCE_FIELDS = ("machine", "date", "command", "baseline")
 
@@ -234,10 +244,66 @@ def render_model_card(config, *, bench_results=None, training_info: dict | None 
 
 def write_model_card(config, save_directory: str | os.PathLike, *, bench_results=None, training_info=None,
                      model_name: str | None = None) -> Path:  # fmt: skip
-    """Write README.md into ``save_directory``; the model name defaults to the directory name."""
+    """Write README.md into ``save_directory`` with its inputs beside it: :data:`TRAINING_INFO` and, when the card
+    has results, :data:`CARD_RESULTS` (a stale one is removed); the model name defaults to the directory name."""
     save_directory = Path(save_directory)
-    text = render_model_card(config, bench_results=bench_results, training_info=training_info,
+    bench = load_bench_results(bench_results)
+    text = render_model_card(config, bench_results=bench, training_info=training_info,
                              model_name=model_name or save_directory.resolve().name)  # fmt: skip
-    path = save_directory / "README.md"
+    info = json.dumps(training_info or {}, indent=1, sort_keys=True)
+    (save_directory / TRAINING_INFO).write_text(info, encoding="utf-8")
+    if bench:
+        (save_directory / CARD_RESULTS).write_text(json.dumps(bench, indent=1, sort_keys=True), encoding="utf-8")
+    else:
+        (save_directory / CARD_RESULTS).unlink(missing_ok=True)
+    path = save_directory / CARD
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def _front_matter(text: str) -> dict:
+    """The YAML front matter of a card (``---`` ... ``---`` at its top); {} when it has none or it does not parse."""
+    import yaml
+
+    if not text.startswith("---\n"):
+        return {}
+    end = text.find("\n---\n", 3)
+    if end < 0:
+        return {}
+    try:
+        meta = yaml.safe_load(text[4:end])
+    except yaml.YAMLError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def refresh_model_card(folder: str | os.PathLike) -> Path | None:
+    """Re-render the hf-spec card of the drafter saved in ``folder`` from its config.json and the inputs stored
+    beside the card (:data:`TRAINING_INFO`, :data:`CARD_RESULTS`); returns its path.
+
+    Returns None and touches nothing when ``folder`` has no README.md or hf-spec did not generate it (no
+    ``library_name: hf-spec`` in its front matter), and warns when the card was written before its inputs were
+    stored beside it (re-rendering would drop its training facts or results)."""
+    folder = Path(folder)
+    card = folder / CARD
+    if not card.is_file():
+        return None
+    meta = _front_matter(card.read_text(encoding="utf-8"))
+    if meta.get("library_name") != "hf-spec":
+        return None
+    info_path, results_path = folder / TRAINING_INFO, folder / CARD_RESULTS
+    needed = [info_path] + ([results_path] if "model-index" in meta else [])
+    missing = [path.name for path in needed if not path.is_file()]
+    if missing:
+        warnings.warn(f"{card} was not re-rendered: it was written without {' and '.join(missing)} beside it, and "
+                      "re-rendering would drop what they hold. Fix: save the drafter again with its training_info and "
+                      "bench_results (training_scripts/publish_drafter.py --bench for a shipped folder).")  # fmt: skip
+        return None
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: the card in {folder} describes a drafter saved there. "
+                                "Fix: refresh a folder written by save_pretrained.")  # fmt: skip
+    model_type = json.loads(config_path.read_text(encoding="utf-8")).get("model_type")
+    config = drafter_classes(model_type)[0].from_pretrained(folder)
+    return write_model_card(config, folder, bench_results=results_path if results_path.is_file() else None,
+                            training_info=json.loads(info_path.read_text(encoding="utf-8")))  # fmt: skip
