@@ -8,7 +8,8 @@ Run it alone on a quiet machine: the n-gram cost gate of these folders decides e
 measured drafting time, so τ and node counts depend on the machine's load (beside a training job every candidate
 measured the same τ, 2.4764: the gate had stopped drafting).
 Prompts: ``--skip``..``--skip + --prompts - 1`` of MT-bench, HumanEval and GSM8K (default 33..37: never the
-benchmarks' first prompts). ParallelSpec folders get the static-tree ladder, the others the EAGLE-family one.
+benchmarks' first prompts). ParallelSpec folders get the static-tree ladder, sorted (S2D) folders a ladder of chain
+depths (their drafts are chains), the others the EAGLE-family one.
 """
 
 import argparse
@@ -43,10 +44,21 @@ PARALLEL = [  # None: the folder's configured widths
     dict(tree_depth=5, tree_top_k=4, tree_total_tokens=24, ngram_nodes=12),
 ]
 
+SORTED_CHAINS = [dict(tree_depth=d, tree_top_k=1, tree_total_tokens=d) for d in (1, 2, 3, 4, 6)]
+
+
+def ladder(drafter) -> list[dict]:
+    """The shape candidates measured for ``drafter``'s family."""
+    if isinstance(drafter, hf_spec.ParallelDrafter):
+        return PARALLEL
+    if isinstance(drafter, hf_spec.SortedDrafter):
+        return SORTED_CHAINS
+    return EAGLE_FAMILY
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folders", nargs="+", help="drafter folders (SmolLM2-135M-Instruct drafters)")
+    parser.add_argument("folders", nargs="+", help="drafter folders (of --target's drafters)")
     parser.add_argument("--target", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--skip", type=int, default=33)
@@ -61,7 +73,7 @@ def main() -> None:
     prompts = bench_prompt_ids(tokenizer, args.prompts, skip=args.skip)
     for folder in args.folders:
         drafter = hf_spec.AutoDrafter.from_pretrained(folder).to(dtype)
-        grid = PARALLEL if isinstance(drafter, hf_spec.ParallelDrafter) else EAGLE_FAMILY
+        grid = ladder(drafter)
         start = time.time()
         rows = measure_candidates(target, drafter, prompts, grid, args.max_new_tokens,
                                   progress=lambda message: print(folder, message, flush=True))  # fmt: skip

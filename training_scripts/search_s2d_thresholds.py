@@ -9,7 +9,7 @@ benchmark itself does not use (``--offset``: skip that many prompts of each data
 
     python training_scripts/search_s2d_thresholds.py --drafter runs/s2d-qwen \\
         --targets qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct --offset 10 --per-dataset 1 \\
-        --max-new-tokens 32 --grid 0.0 0.8 0.95 2.0 --out runs/s2d-qwen/thresholds.json
+        --max-new-tokens 32 --grid 0.0 0.8 0.95 2.0 --tree-depth 3 --out runs/s2d-qwen/thresholds.json
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def main(argv=None):
     p.add_argument("--per-dataset", type=int, default=1, help="held-out prompts per data set")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--grid", type=float, nargs="+", default=None, help="thresholds tried at each non-final exit")
+    p.add_argument("--tree-depth", type=int, default=None, help="chain depth of the search (default: the drafter's)")
     p.add_argument("--repeats", type=int, default=2, help="timed rounds; each (candidate, prompt) keeps its best")
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     p.add_argument("--threads", type=int, default=None)
@@ -45,8 +46,9 @@ def main(argv=None):
     dtype = DTYPES[args.dtype]
     drafter = SortedDrafter.from_pretrained(args.drafter, dtype=dtype).eval()
     candidates = threshold_grid(args.grid, len(drafter.config.exits)) if args.grid else None
+    depth = args.tree_depth or drafter.config.tree_depth
     report = {"drafter": args.drafter, "repeats": args.repeats, "dtype": args.dtype, "offset": args.offset,
-              "max_new_tokens": args.max_new_tokens, "targets": {}}  # fmt: skip
+              "max_new_tokens": args.max_new_tokens, "tree_depth": depth, "targets": {}}  # fmt: skip
     for name in args.targets:
         target, tokenizer = load_model(name, dtype)
         target.config._name_or_path = name  # the key the drafter's config lists targets under
@@ -56,7 +58,7 @@ def main(argv=None):
             prompts += [torch.tensor([render_prompt(tokenizer, r)]) for r in records]
         start = time.perf_counter()
         best, results = search_thresholds(drafter, target, prompts, candidates=candidates, repeats=args.repeats,
-                                          max_new_tokens=args.max_new_tokens)  # fmt: skip
+                                          max_new_tokens=args.max_new_tokens, tree_depth=depth)  # fmt: skip
         print(f"{name}: best {best} ({time.perf_counter() - start:.0f} s)", flush=True)
         for r in results:
             print(f"  {r['thresholds']}  tok/s {r['tokens_per_second']:.2f}  tau {r['tau']:.2f}  "
