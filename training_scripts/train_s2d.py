@@ -1,13 +1,18 @@
 """Sorted fine-tuning (SoFT) of an S2D drafter extracted from a small source LM.
 
-Reproduction (Qwen2.5-Coder-0.5B source, first 8 layers, exits 4/6/8, ShareGPT, 3 epochs;
-serves the packaged Qwen2.5-Coder-1.5B and the 0.5B itself):
+The shipped recipes (benchmarks/s2d-qwen/train.sh, which trains both S2D folders on the same data): the sorted
+drafter is Qwen2.5-Coder-0.5B's first 8 layers with exits after 4 / 6 / 8 trained jointly (LoRA rank 16 on every
+layer, 1,000 ShareGPT conversations labelled by the 0.5B, one epoch) and serves the packaged Qwen2.5-Coder-1.5B and
+the 0.5B itself:
 
-    python training_scripts/train_s2d.py --source_model qwen2.5-coder-0.5b-instruct \
-        --num_layers 8 --exits 4 6 8 --dataset sharegpt \
-        --targets qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct --output_dir runs/s2d-qwen
+    python training_scripts/train_s2d.py --source_model qwen2.5-coder-0.5b-instruct --num_layers 8 --exits 4 6 8 \
+        --dataset sharegpt --limit 1000 --max_length 512 --distill_from qwen2.5-coder-0.5b-instruct \
+        --draft_vocab_size 16384 --lora_rank 16 --num_train_epochs 1 --per_device_train_batch_size 4 \
+        --gradient_accumulation_steps 1 --learning_rate 1e-3 --warmup_steps 10 --eval_examples 32 --eval_strategy steps \
+        --eval_steps 25 --use_cpu --targets qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct \
+        --output_dir runs/s2d-sorted
 
-CPU-feasible options (issue #16): ``--draft_vocab_size 32768`` makes every exit score only the
+CPU-feasible options: ``--draft_vocab_size 32768`` makes every exit score only the
 32k most frequent label tokens of the training data (the head is most of a step's cost; labels
 outside the draft vocabulary leave the loss, EAGLE-3's masking); the embedding and LM head stay
 frozen by default (``--no-freeze_embeddings`` trains them); bf16 autocast is on by default
@@ -24,7 +29,7 @@ and a resumed training run with every shard written does not load the teacher at
 over other conversations (dataset, ``--limit``, ``--max_length``, tokenizer) or by another teacher
 or ``--teacher_dtype`` is refused; give another directory.
 
-Frozen-backbone recipe (``--exit_adapters``; benchmarks/s2d-qwen-exit-adapters/): keep all 24
+Frozen-backbone recipe (``--exit_adapters``; benchmarks/s2d-qwen/): keep all 24
 layers of the 0.5B with exits after 8 / 16 / 24 and train only a linear map + norm per early exit, distilled
 from the last exit, which is the 0.5B itself (so the drafter is never less accurate than the 0.5B as an
 assistant, and confident early exits only save cost):
@@ -38,9 +43,8 @@ assistant, and confident early exits only save cost):
 (The teacher labels only choose the draft vocabulary and mark the positions; the loss is the last exit's
 distribution.)
 
-Then pick per-target thresholds on held-out prompts with
-``hf_spec.drafters.s2d.search_thresholds`` and save again. Resumes from the last
-checkpoint in ``--output_dir``.
+Then pick per-target thresholds on held-out prompts by measured speed
+(``training_scripts/search_s2d_thresholds.py``). Resumes from the last checkpoint in ``--output_dir``.
 """
 
 from __future__ import annotations
@@ -162,8 +166,8 @@ def main(argv=None):
                             data_collator=pad_collator(pad))  # fmt: skip
     last = get_last_checkpoint(training_args.output_dir) if training_args.output_dir else None
     result = trainer.train(resume_from_checkpoint=last)
-    if held_out:
-        trainer.evaluate()  # the curve's last point
+    if held_out and training_args.eval_strategy == "no":  # else the Trainer evaluates at the last step itself
+        trainer.evaluate()
     info = {"datasets": [extra.dataset], "command": "training_scripts/train_s2d.py " + command,
             "distilled_from": extra.distill_from, "frozen_embeddings": extra.freeze_embeddings,
             "draft_vocab_size": drafter.config.draft_vocab_size, "draft_vocab_coverage": coverage,
