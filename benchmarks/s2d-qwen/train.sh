@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# Issue #16, frozen-backbone recipe: all 24 layers of Qwen2.5-Coder-0.5B, exits 8/16/24, per-exit adapters
-# distilled from the last exit (= the 0.5B), 16k draft vocabulary, 1,000 ShareGPT rows (476,593 positions), 1 epoch.
-# Resumable (Trainer checkpoints every 25 steps; the labels cache is complete).
+# The two S2D drafters of Qwen2.5-Coder-0.5B, trained on the same 1,000 ShareGPT conversations (<= 512 tokens,
+# 476,593 positions labelled with the 0.5B's own greedy next token, bf16), 16k draft vocabulary, one epoch,
+# batches of 4, lr 1e-3. Resumable: Trainer checkpoints, and the teacher labels are cached in shards.
+#   sorted (S2D's recipe): the first 8 layers, exits after 4 / 6 / 8 trained jointly by the sorted loss (mean CE over
+#     the exits, one shared head), LoRA rank 16 on every linear map of the 8 layers; the last 32 conversations held
+#     out for the curves (each exit's top-1 every 25 steps) -> runs/s2d-sorted
+#   exit adapters (frozen backbone): all 24 layers, exits after 8 / 16 / 24, one linear map + norm per early exit,
+#     distilled from the last exit (the 0.5B itself) -> runs/s2d_exits (the shipped qwen2.5-coder-instruct-s2d)
+# Usage: bash benchmarks/s2d-qwen/train.sh [sorted|exits ...] (default: both). One CPU job at a time.
 set -eu
-cd /work/main
-OUT=runs/s2d_exits
-if [ ! -f $OUT/DONE ]; then
-  echo "train $(date -u +%T)"
-  OMP_NUM_THREADS=2 python training_scripts/train_s2d.py --source_model qwen2.5-coder-0.5b-instruct --num_layers 24 \
-    --exits 8 16 24 --exit_adapters --dataset sharegpt --limit 1000 --max_length 512 \
-    --distill_from qwen2.5-coder-0.5b-instruct --teacher_dtype bfloat16 --labels_cache runs/s2d_1m-labels \
-    --draft_vocab_size 16384 --num_train_epochs 1 --per_device_train_batch_size 4 --gradient_accumulation_steps 1 \
-    --learning_rate 1e-3 --warmup_ratio 0.05 --use_cpu --logging_steps 10 --save_steps 25 --save_total_limit 2 \
-    --report_to none --targets qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct --output_dir $OUT
-  touch $OUT/DONE
-fi
-echo "S2D exits DONE $(date -u +%T)"
+cd "$(dirname "$0")/../.."
+common="--source_model qwen2.5-coder-0.5b-instruct --dataset sharegpt --limit 1000 --max_length 512
+  --distill_from qwen2.5-coder-0.5b-instruct --teacher_dtype bfloat16 --labels_cache runs/s2d-labels
+  --draft_vocab_size 16384 --num_train_epochs 1 --per_device_train_batch_size 4 --gradient_accumulation_steps 1
+  --learning_rate 1e-3 --use_cpu --report_to none --save_total_limit 2
+  --targets qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct"
+for variant in ${@:-sorted exits}; do
+  case $variant in
+    sorted) python training_scripts/train_s2d.py $common --num_layers 8 --exits 4 6 8 --lora_rank 16 \
+              --lr_scheduler_type cosine --warmup_steps 10 --logging_steps 5 --save_steps 50 \
+              --eval_examples 32 --eval_strategy steps --eval_steps 25 --output_dir runs/s2d-sorted ;;
+    exits) python training_scripts/train_s2d.py $common --num_layers 24 --exits 8 16 24 --exit_adapters \
+              --warmup_ratio 0.05 --logging_steps 10 --save_steps 25 --output_dir runs/s2d_exits ;;
+    *) echo "unknown variant $variant (sorted | exits)"; exit 2 ;;
+  esac
+done
