@@ -5,7 +5,8 @@ by measured tokens per second, each candidate and prompt timed ``--repeats`` tim
 time kept: run it on a quiet machine, in the ``--dtype`` you deploy) on benchmark prompts that the
 benchmark itself does not use (``--offset``: skip that many prompts of each data set;
 ``hf-spec bench --limit N`` uses the first N), writes the chosen thresholds into the drafter's
-``config.json`` (only the config is rewritten) and every candidate's scores to ``--out``.
+``config.json`` (only the config is rewritten; an hf-spec model card there is re-rendered, it lists them) and every
+candidate's scores to ``--out``.
 
     python training_scripts/search_s2d_thresholds.py --drafter runs/s2d-qwen \\
         --targets qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct --offset 10 --per-dataset 1 \\
@@ -24,6 +25,7 @@ import hf_spec  # noqa: F401  (registers the drafter classes)
 from hf_spec.bench.datasets import BENCH_DATASETS, render_prompt
 from hf_spec.bench.harness import DTYPES, load_model
 from hf_spec.drafters.s2d import SortedDrafter, search_thresholds, threshold_grid
+from hf_spec.hub.cards import refresh_model_card
 
 
 def main(argv=None):
@@ -67,6 +69,7 @@ def main(argv=None):
         drafter._bound_target = None  # the next target binds afresh
         del target
     drafter.config.save_pretrained(args.drafter)  # weights unchanged: only the thresholds moved
+    refresh_model_card(args.drafter)  # the card lists each target's thresholds
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
