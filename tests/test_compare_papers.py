@@ -120,6 +120,19 @@ def test_compare_papers_end_to_end(papers_setup, tmp_path):
     table = (tmp_path / "table.md").read_text()
     assert table.count("\n| ") == 1 + len(folders) + 1 and "## The papers' claims" in table  # CORAL: two rows
 
+    # --cards-from puts each folder's row, the others beside it and its claims into its card
+    compare_papers.main(["--cards-from", str(tmp_path / "results.json"), "--table", "benchmarks/papers/README.md"])
+    coral = (Path(folders["coral"]) / "README.md").read_text()
+    section = coral[coral.index("## Beside its paper"):coral.index("## Training")]
+    assert "`benchmarks/papers/README.md`" in section and results["machine"] in section
+    assert section.count(f"| **{folders['coral']}** |") == 2 and section.count("\n| ") == 1 + len(rows)  # its two rows in bold
+    assert f"**coral: {verdicts['coral']}**" in section and f"**coral+router: {verdicts['coral+router']}**" in section
+    assert "**hass: " not in section  # its own claims and those it is a baseline of, no others
+    eagle = (Path(folders["eagle"]) / "README.md").read_text()
+    assert all(f"**{m}: " in eagle for m in ("hass", "eagle3", "parallelspec")) and "**coral: " not in eagle
+    info = json.loads((Path(folders["eagle"]) / "training_info.json").read_text())
+    assert info["paper_comparison"]["drafter"] == folders["eagle"] and "paper_comparison" not in eagle.split("## Training")[1]
+
 
 def _row(method, tf, taus, ms=1.0):
     shape = {"tau": {"mt_bench": taus, "gsm8k": taus}, "draft_ms_per_cycle": ms}

@@ -308,6 +308,49 @@ def test_bench_results_are_validated(mutate, message):
         cards.load_bench_results(bench)
 
 
+PAPER = {"table": "benchmarks/papers/README.md", "command": "python training_scripts/compare_papers.py ...",
+         "date": "2026-11-28", "machine": "AMD EPYC, 2 threads", "dtype": "float32", "drafter": "d-coral",
+         "rows": [{"drafter": "d-eagle", "method": "eagle", "tf_top1": [0.6, 0.5], "tau_tree": 2.65, "tau_chain": 1.7,
+                   "draft_ms": 25.2},
+                  {"drafter": "d-coral", "method": "coral", "tf_top1": [0.58, 0.54], "tau_tree": 2.74,
+                   "tau_chain": 1.7, "draft_ms": 28.8}],
+         "claims": [{"method": "coral", "claim": "CSRA beats HASS", "verdict": "holds"}]}  # fmt: skip
+
+
+def test_card_renders_its_row_of_the_paper_comparison(tmp_path):
+    """training_info["paper_comparison"] becomes the card's own section (this drafter's row in bold, the claims),
+    stays in training_info.json for a refresh, and is not repeated in the training-settings table."""
+    drafter = hf_spec.EagleDrafter.from_target(make_target(), training_method="coral")
+    drafter.save_pretrained(tmp_path, training_info={"epochs": 10, "paper_comparison": PAPER})
+    card = (tmp_path / "README.md").read_text()
+    section = card[card.index("## Beside its paper"):card.index("## Training")]
+    assert "| **d-coral** | coral | 0.580 / 0.540 | 2.74 | 1.70 | 28.8 |" in section
+    assert "| d-eagle | eagle | 0.600 / 0.500 | 2.65 |" in section and "on AMD EPYC, 2 threads" in section
+    assert "- **coral: holds**: CSRA beats HASS." in section and "(greedy, float32," in section
+    assert "paper_comparison" not in card and "| epochs | 10 |" in card
+    assert json.loads((tmp_path / cards.TRAINING_INFO).read_text())["paper_comparison"] == PAPER
+    cards.refresh_model_card(tmp_path)
+    assert (tmp_path / "README.md").read_text() == card
+    assert "## Beside its paper" not in cards.render_model_card(drafter.config, training_info={"epochs": 10})
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda p: p.pop("claims"), "missing claims"),
+        (lambda p: p.update(drafter="other"), "drafter 'other' is not among its rows"),
+        (lambda p: p["rows"][1].update(tf_top1=[1.5]), r"rows\[1\].tf_top1 must be a list of accuracies"),
+        (lambda p: p["rows"][0].pop("tau_tree"), r"rows\[0\] has no tau_tree"),
+    ],
+)
+def test_paper_comparison_is_validated(mutate, message):
+    paper = json.loads(json.dumps(PAPER))
+    mutate(paper)
+    config = hf_spec.EagleDrafter.from_target(make_target()).config
+    with pytest.raises(ValueError, match=message):
+        cards.render_model_card(config, training_info={"paper_comparison": paper})
+
+
 def test_card_inputs_are_stored_beside_it_and_refresh_re_renders_it(tmp_path):
     """save_pretrained keeps the card's inputs (training_info.json, card_results.json) beside README.md, and only
     those of the card it just wrote: refresh_model_card re-renders exactly that card."""

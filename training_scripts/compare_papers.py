@@ -28,6 +28,13 @@ Each paper's claim is then marked holds / does not hold with the numbers behind 
         --prompts-per-set 10 --max-new-tokens 128 \\
         --tf-cache runs/features/smollm2-sharegpt-heldout --dtype float32 --output-dir benchmarks/papers
 
+``--cards`` then writes each compared folder's row, the comparison's other rows and the claims its method takes
+part in into its model card (``training_info["paper_comparison"]``, :mod:`hf_spec.hub.cards`); ``--cards-from
+RESULTS.json`` does only that, from an earlier run:
+
+    python training_scripts/compare_papers.py --cards-from benchmarks/papers/ten_epochs/results.json \
+        --table benchmarks/papers/README.md
+
 S2D is not compared here: it drafts with a standalone model cut from another source; its adaptive and fixed
 exits are compared by ``training_scripts/search_s2d_thresholds.py``.
 """
@@ -48,7 +55,8 @@ import torch
 import hf_spec
 from hf_spec.bench.datasets import BENCH_DATASETS, render_prompt
 from hf_spec.drafters.parallelspec.config import DEFAULT_TREE_WIDTHS
-from hf_spec.hardware import dtype_name, resolve_dtype
+from hf_spec.hardware import dtype_name, machine_info, resolve_dtype
+from hf_spec.hub.cards import PAPER_COMPARISON, TRAINING_INFO, refresh_model_card
 from hf_spec.training.collators import FeatureCollator
 from hf_spec.training.data import AUX_COLUMN, layer_cache_dir, load_feature_cache, load_target
 from hf_spec.training.losses import hass_loss, shift_for_drafter
@@ -333,6 +341,13 @@ def paper_claims(rows: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 # the table
 # ---------------------------------------------------------------------------------------------
+def machine_name(device) -> str:
+    """The machine a run's drafting ms were timed on: CPU model and threads (and the GPU on CUDA)."""
+    info = machine_info(torch.float32, device)
+    threads = f"{info['torch_threads']} thread{'s' if info['torch_threads'] != 1 else ''}"
+    return ", ".join([info["cpu"] or "unknown CPU", threads] + ([info["gpu"]] if "gpu" in info else []))
+
+
 def _f(value, digits: int = 2) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
@@ -383,11 +398,50 @@ def markdown_table(results: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# the drafters' cards
+# ---------------------------------------------------------------------------------------------
+def card_comparisons(results: dict, table: str) -> dict[str, dict]:
+    """Each compared folder's paper comparison for its card (:data:`hf_spec.hub.cards.PAPER_COMPARISON_FIELDS`):
+    every row of the run, the claims in which one of the folder's methods is the claimant or a baseline."""
+    rows = [{"drafter": r["path"], "method": r["training_method"],
+             "tf_top1": [v for v in (r["tf"]["top1"] or []) if v is not None],
+             "tau_tree": mean_tau(r), "tau_chain": mean_tau(r, "chain"), "draft_ms": _draft_ms(r)}
+            for r in results["drafters"]]  # fmt: skip
+    comparisons = {}
+    for path in dict.fromkeys(r["path"] for r in results["drafters"]):
+        methods = {r["training_method"] for r in results["drafters"] if r["path"] == path}
+        claims = [{k: c[k] for k in ("method", "claim", "verdict")} for c in results["claims"]
+                  if c["method"] in methods or methods & set(c["numbers"])]  # fmt: skip
+        comparisons[path] = {"table": table, "command": results["command"], "date": results["date"][:10],
+                             "machine": results.get("machine", results["device"]), "dtype": results["dtype"],
+                             "drafter": path, "rows": rows, "claims": claims}  # fmt: skip
+    return comparisons
+
+
+def write_cards(results: dict, table: str) -> list[Path]:
+    """Put each compared folder's paper comparison into its card (folders without an hf-spec card are skipped)."""
+    written = []
+    for path, comparison in card_comparisons(results, table).items():
+        info_path = Path(path) / TRAINING_INFO
+        if not info_path.is_file():
+            print(f"{path}: no {TRAINING_INFO} beside a generated card; its card is left as it is", flush=True)
+            continue
+        before = info_path.read_text()
+        info_path.write_text(json.dumps({**json.loads(before), PAPER_COMPARISON: comparison}, indent=1, sort_keys=True))
+        card = refresh_model_card(path)
+        if card is None:  # not a card hf-spec can re-render (it says why): leave the folder as it was
+            info_path.write_text(before)
+        else:
+            written.append(card)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------------------------
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--drafters", nargs="+", required=True, help="drafter folders trained for --target")
+    parser.add_argument("--drafters", nargs="+", help="drafter folders trained for --target")
     parser.add_argument("--target", default="smollm2-135m-instruct", help="packaged model name or model directory")
     parser.add_argument("--prompts-per-set", type=int, default=10)
     parser.add_argument("--skip", type=int, default=40, help="leave out the first N prompts of each set (see above)")
@@ -397,8 +451,19 @@ def main(argv=None) -> dict:
     parser.add_argument("--tf-batch-size", type=int, default=4)
     parser.add_argument("--tf-max-length", type=int, default=1024)
     parser.add_argument("--dtype", default="float32", help="float32 (greedy output exact), bfloat16 or auto")
-    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--output-dir", help="where results.json and table.md go")
+    parser.add_argument("--cards", action="store_true", help="write each folder's row into its model card")
+    parser.add_argument("--cards-from", default=None, help="only write the cards, from this earlier results.json")
+    parser.add_argument("--table", default="benchmarks/papers/README.md", help="where the cards say the whole "
+                        "comparison lives")
     args = parser.parse_args(argv)
+    if args.cards_from:
+        results = json.loads(Path(args.cards_from).read_text())
+        for card in write_cards(results, args.table):
+            print(f"wrote {card}", flush=True)
+        return results
+    if not args.drafters or not args.output_dir:
+        parser.error("--drafters and --output-dir are required (or --cards-from RESULTS.json alone)")
 
     dtype = resolve_dtype(args.dtype)
     target, tokenizer = load_target(args.target, dtype)
@@ -439,6 +504,7 @@ def main(argv=None) -> dict:
         "command": shlex.join(command),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "target": args.target, "dtype": dtype_name(dtype),
         "device": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else device,
+        "machine": machine_name(target.device),
         "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens,
         "prompts": {"sets": list(prompts), "per_set": args.prompts_per_set, "skip": args.skip},
         "tf_cache": args.tf_cache, "tf_steps": TF_STEPS, "mismatches": mismatches, "drafters": rows,
@@ -449,6 +515,9 @@ def main(argv=None) -> dict:
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "table.md").write_text(markdown_table(results))
     print(f"wrote {out / 'results.json'} and {out / 'table.md'}", flush=True)
+    if args.cards:
+        for card in write_cards(results, args.table):
+            print(f"wrote {card}", flush=True)
     if mismatches and dtype == torch.float32:
         raise AssertionError(f"{mismatches} outputs differ from plain greedy in float32, where hf-spec is exact "
                              f"(see 'mismatches' in {out / 'results.json'}): a decoding bug to report.")  # fmt: skip

@@ -44,6 +44,25 @@ def card_results(path: str, method: str) -> dict:
             "baseline": "plain greedy generate(), same run", "results": entries}  # fmt: skip
 
 
+def fresh_machine_card_results(path: str, method: str) -> dict:
+    """The card's benchmark entries for ``method`` from a ``benchmarks/fresh_machine.py`` results.json: per kind of
+    prompt, the geometric-mean speedup over plain greedy, mean τ and mean tokens/s of that run."""
+    run = json.load(open(path))
+    if method not in run["summary"]:
+        raise SystemExit(f"{path} has no method {method!r}; it has {sorted(run['summary'])}")
+    m = run["machine"]
+    machine = ", ".join([m["cpu"], f"{m['threads']} threads", f"torch {m['torch']}", f"transformers {m['transformers']}",
+                         m["dtype"]])  # fmt: skip
+    entries = []
+    for kind, speedup in run["summary"][method]["x_plain_by_kind"].items():
+        rows = [p[method] for p in run["prompts"] if p["kind"] == kind]
+        entries.append({"dataset": f"{kind} (fresh-machine prompts)", "speedup": speedup,
+                        "tau": sum(r["tau"] for r in rows) / len(rows),
+                        "tokens_per_s": sum(r["tok_s"] for r in rows) / len(rows)})  # fmt: skip
+    return {"machine": machine, "date": run["date"][:10], "command": run["command"],
+            "baseline": f"plain greedy generate(), {m['dtype']}, same run", "results": entries}  # fmt: skip
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("source", help="training output directory (drafter + training_summary.json)")
@@ -53,6 +72,8 @@ def main(argv=None):
                         "the card")
     parser.add_argument("--bench-method", default=None, help="the drafter's method name in that run (default: "
                         "hf_spec:<destination>)")
+    parser.add_argument("--fresh-machine", default=None, help="a benchmarks/fresh_machine.py results.json whose rows "
+                        "for --bench-method (e.g. hass) go into the card, one per kind of prompt (instead of --bench)")
     parser.add_argument("--datasets", default="ShareGPT first turns, self-distilled by the target (hf_spec.training.distill)",
                         help="the card's training-data line")
     parser.add_argument("--dtype", default="bfloat16")
@@ -118,7 +139,13 @@ def main(argv=None):
     info["datasets"] = [args.datasets]
     if args.command:
         info["command"] = args.command
+    if args.bench and args.fresh_machine:
+        parser.error("--bench and --fresh-machine both give the card's results; pick one.")
     bench = card_results(args.bench, args.bench_method or f"hf_spec:{args.destination.rstrip('/')}") if args.bench else None
+    if args.fresh_machine:
+        if not args.bench_method:
+            parser.error("--fresh-machine needs --bench-method, the drafter's name in that run (e.g. hass).")
+        bench = fresh_machine_card_results(args.fresh_machine, args.bench_method)
     drafter.save_pretrained(args.destination, bench_results=bench, training_info=info)  # writes TRAINING_INFO too
     print(f"published {args.source} -> {args.destination}: {sorted(os.listdir(args.destination))}")
 

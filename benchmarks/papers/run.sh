@@ -2,7 +2,8 @@
 # The paper comparison (issue "Faithful recipes", item 7); README.md holds the table and the claims.
 # Each group compares drafters trained on the same self-distilled data at the same budget, with
 # training_scripts/compare_papers.py: teacher-forced top-1 at steps 1-4 on held-out turns, τ at each paper's own
-# tree and at a depth-5 chain on prompts 40..44 of MT-bench, HumanEval and GSM8K, float32, n-gram candidates off.
+# tree and at a depth-5 chain on prompts 40..44 of MT-bench, HumanEval and GSM8K, float32, n-gram candidates off;
+# each compared folder's model card gets its row (--cards).
 #   PAPER_GROUPS="two_epochs ten_epochs" (default both) picks the groups; each writes benchmarks/papers/<group>/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,5 +29,5 @@ for group in $GROUPS_TO_RUN; do
     ten_epochs) drafters="$D-eagle $D-hass $D-coral $D-parallelspec" ;;
     *) echo "unknown group $group (two_epochs, ten_epochs)" >&2; exit 2 ;;
   esac
-  python training_scripts/compare_papers.py --drafters $drafters $COMMON --output-dir benchmarks/papers/$group
+  python training_scripts/compare_papers.py --drafters $drafters $COMMON --output-dir benchmarks/papers/$group --cards
 done

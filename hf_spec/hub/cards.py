@@ -30,6 +30,10 @@ ratio over ``baseline``. Every entry must end up with ``machine``, ``date``, ``c
 ``baseline`` (its own or the top-level ones). :data:`BENCH_RESULTS_SCHEMA` is the same as a
 JSON Schema document.
 
+A drafter compared with its papers' drafters (``training_scripts/compare_papers.py --cards``) carries its row of
+that comparison in ``training_info["paper_comparison"]`` (:data:`PAPER_COMPARISON_FIELDS`): the card renders it as
+its own section, the comparison's rows beside it and the claims of the drafter's paper with their verdicts.
+
 A written card keeps its inputs beside it (``training_info.json``; ``card_results.json`` when it has
 results), so :func:`refresh_model_card` re-renders it after the config changes (``hf-spec tune --write``,
 :func:`hf_spec.tune.write_shape_candidates`).
@@ -81,6 +85,15 @@ BENCH_RESULTS_SCHEMA = {
     },
 }
 """The benchmark JSON format as a JSON Schema (documentation and interop; validated by hand)."""
+
+PAPER_COMPARISON = "paper_comparison"
+"""The ``training_info`` key of a drafter's row of a paper comparison (:func:`load_paper_comparison`)."""
+PAPER_COMPARISON_FIELDS = ("table", "command", "date", "machine", "dtype", "drafter", "rows", "claims")
+"""What a paper comparison holds: ``table`` (where the whole comparison lives), the run's ``command``, ``date``,
+``machine`` and ``dtype``; ``drafter`` (this folder's name among the rows); ``rows``, one per drafter compared: ``drafter``,
+``method``, ``tf_top1`` (teacher-forced top-1 per step), ``tau_tree`` / ``tau_chain`` (mean τ at the paper's tree and
+at a depth-5 chain) and ``draft_ms`` (drafting ms per cycle at the tree); ``claims``: ``method``, ``claim``, ``verdict``."""
+_PAPER_ROW_FIELDS = ("drafter", "method", "tf_top1", "tau_tree", "tau_chain", "draft_ms")
 
 DATASET_NAMES = {"mt_bench": "MT-bench", "mtbench": "MT-bench", "humaneval": "HumanEval", "gsm8k": "GSM8K"}
 
@@ -141,6 +154,39 @@ def load_bench_results(bench_results: str | os.PathLike | dict | None) -> dict |
     return {"results": normalized}
 
 
+def load_paper_comparison(comparison: dict | None) -> dict | None:
+    """Validate a drafter's paper comparison (:data:`PAPER_COMPARISON_FIELDS`); None passes through."""
+    if comparison is None:
+        return None
+
+    def fail(message: str):
+        raise ValueError(f"training_info[{PAPER_COMPARISON!r}]: {message}. Fix: write it with "
+                         "training_scripts/compare_papers.py --cards.")  # fmt: skip
+
+    if not isinstance(comparison, dict):
+        fail("expected an object")
+    missing = [key for key in PAPER_COMPARISON_FIELDS if key not in comparison]
+    if missing:
+        fail(f"missing {', '.join(missing)}")
+    rows = comparison["rows"]
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        fail("'rows' must be a non-empty list of objects")
+    for i, row in enumerate(rows):
+        absent = [key for key in _PAPER_ROW_FIELDS if key not in row]
+        if absent:
+            fail(f"rows[{i}] has no {', '.join(absent)}")
+        top1 = row["tf_top1"]
+        if not isinstance(top1, list) or not all(isinstance(v, (int, float)) and 0 <= v <= 1 for v in top1):
+            fail(f"rows[{i}].tf_top1 must be a list of accuracies in [0, 1], got {top1!r}")
+    if comparison["drafter"] not in {row["drafter"] for row in rows}:
+        fail(f"drafter {comparison['drafter']!r} is not among its rows")
+    claims = comparison["claims"]
+    if not isinstance(claims, list) or not all(isinstance(c, dict) and {"method", "claim", "verdict"} <= set(c)
+                                               for c in claims):  # fmt: skip
+        fail("'claims' must be a list of objects with method, claim and verdict")
+    return comparison
+
+
 def _model_index(model_name: str, results: list[dict]) -> list[dict]:
     index_results = []
     for entry in results:
@@ -180,6 +226,7 @@ def card_context(config, *, bench_results=None, training_info: dict | None = Non
     datasets = training_info.pop("datasets", None)
     if isinstance(datasets, str):
         datasets = [datasets]
+    comparison = load_paper_comparison(training_info.pop(PAPER_COMPARISON, None))
     known = {"command", "license"}
     return {
         "model_name": model_name,
@@ -210,6 +257,7 @@ def card_context(config, *, bench_results=None, training_info: dict | None = Non
         "training_command": training_info.get("command"),
         "training_extra": {k: v for k, v in training_info.items() if k not in known},
         "results": bench["results"] if bench else [],
+        "paper_comparison": comparison,
         "model_index": _model_index(model_name, bench["results"]) if bench else None,
         "dataset_names": DATASET_NAMES,
         "hf_spec_version": __version__,
