@@ -1,16 +1,16 @@
 """Sorted fine-tuning (SoFT) of an S2D drafter extracted from a small source LM.
 
 The shipped recipes (benchmarks/s2d-qwen/train.sh, which trains both S2D folders on the same data): the sorted
-drafter is Qwen2.5-Coder-0.5B's first 8 layers with exits after 4 / 6 / 8 trained jointly (LoRA rank 16 on every
-layer, 1,000 ShareGPT conversations labelled by the 0.5B, one epoch) and serves the packaged Qwen2.5-Coder-1.5B and
+drafter is Qwen2.5-Coder-0.5B's first 8 layers with exits after 4 / 6 / 8 trained jointly (LoRA rank 64 on every
+layer, 1,000 ShareGPT conversations labelled by the 0.5B, two epochs) and serves the packaged Qwen2.5-Coder-1.5B and
 the 0.5B itself:
 
     python training_scripts/train_s2d.py --source_model qwen2.5-coder-0.5b-instruct --num_layers 8 --exits 4 6 8 \
         --dataset sharegpt --limit 1000 --max_length 512 --distill_from qwen2.5-coder-0.5b-instruct \
-        --draft_vocab_size 16384 --lora_rank 16 --num_train_epochs 1 --per_device_train_batch_size 4 \
-        --gradient_accumulation_steps 1 --learning_rate 1e-3 --warmup_steps 10 --eval_examples 32 --eval_strategy steps \
-        --eval_steps 25 --use_cpu --targets qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct \
-        --output_dir runs/s2d-sorted
+        --draft_vocab_size 16384 --lora_rank 64 --num_train_epochs 2 --per_device_train_batch_size 4 \
+        --gradient_accumulation_steps 1 --learning_rate 1e-3 --lr_scheduler_type cosine --warmup_steps 20 \
+        --eval_examples 32 --eval_strategy steps --eval_steps 50 --use_cpu \
+        --targets qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct --output_dir runs/s2d-sorted-r64
 
 CPU-feasible options: ``--draft_vocab_size 32768`` makes every exit score only the
 32k most frequent label tokens of the training data (the head is most of a step's cost; labels

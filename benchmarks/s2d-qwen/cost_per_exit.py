@@ -32,6 +32,15 @@ def step_ms(model, head_rows=None, repeats=30):
     return 1000 * sorted(times)[len(times) // 2]
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dtype", default="bfloat16")
@@ -39,7 +48,7 @@ def main():
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
-    out = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, torch "
+    out = {"date": time.strftime("%Y-%m-%d"), "machine": f"{cpu_name()}, torch "
            f"{torch.__version__}, transformers {transformers.__version__}", "dtype": args.dtype, "threads": torch.get_num_threads(), "targets": {}, "exits": {}}
     for name in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"):
         model = load_packaged_model(name, dtype=dtype)[0].eval()

@@ -8,6 +8,7 @@
 # 3. hf-spec bench on each target, prompts 6..7 of MT-bench, HumanEval and GSM8K, 64 new tokens, greedy,
 #    methods interleaved per prompt (qwen1.5b/, qwen0.5b/).
 # Usage: SORTED=<folder> EXITS=<folder> bash benchmarks/s2d-qwen/run.sh   (one CPU job at a time)
+#   SEARCH="<folders>" (default both) limits steps 1-2 to the folders whose weights changed since their last search.
 set -eu
 cd "$(dirname "$0")/../.."
 REC=benchmarks/s2d-qwen
@@ -15,14 +16,15 @@ SORTED=${SORTED:-drafters/qwen2.5-coder-instruct-s2d-sorted}
 EXITS=${EXITS:-drafters/qwen2.5-coder-instruct-s2d}
 echo "cost per exit $(date -u +%T)"
 python $REC/cost_per_exit.py --dtype bfloat16 > $REC/cost_per_exit.json
-for D in $SORTED $EXITS; do
+SEARCH=${SEARCH:-$SORTED $EXITS}
+for D in $SEARCH; do
   echo "thresholds $D $(date -u +%T)"
   python training_scripts/search_s2d_thresholds.py --drafter $D --targets qwen2.5-coder-1.5b-instruct \
     qwen2.5-coder-0.5b-instruct --offset 10 --per-dataset 1 --max-new-tokens 32 --grid 0.0 0.7 0.9 2.0 --tree-depth 3 \
     --threads 2 --out $REC/thresholds-$(basename $D).json
 done
 echo "chain ladder $(date -u +%T)"
-python training_scripts/measure_shape_candidates.py $SORTED $EXITS --target qwen2.5-coder-0.5b-instruct --dtype bfloat16 \
+python training_scripts/measure_shape_candidates.py $SEARCH --target qwen2.5-coder-0.5b-instruct --dtype bfloat16 \
   --skip 33 --prompts 2 --max-new-tokens 64
 common="--max-new-tokens 64 --dtype bfloat16 --threads 2 --skip 6 --limit 2"
 s2d="hf_spec:$SORTED hf_spec:$SORTED:exit=4 hf_spec:$SORTED:exit=6 hf_spec:$SORTED:exit=8 hf_spec:$EXITS hf_spec:$EXITS:exit=24"
