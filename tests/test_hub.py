@@ -332,6 +332,10 @@ def test_card_renders_its_row_of_the_paper_comparison(tmp_path):
     cards.refresh_model_card(tmp_path)
     assert (tmp_path / "README.md").read_text() == card
     assert "## Beside its paper" not in cards.render_model_card(drafter.config, training_info={"epochs": 10})
+    unmeasured = json.loads(json.dumps(PAPER))  # a row without τ (e.g. EAGLE-3 without its layers' inputs)
+    unmeasured["rows"][0].update(tau_tree=None, tau_chain=None, draft_ms=None, tf_top1=[])
+    text = cards.render_model_card(drafter.config, training_info={"paper_comparison": unmeasured})
+    assert "| d-eagle | eagle |  | – | – | – |" in text
 
 
 @pytest.mark.parametrize(
@@ -341,6 +345,7 @@ def test_card_renders_its_row_of_the_paper_comparison(tmp_path):
         (lambda p: p.update(drafter="other"), "drafter 'other' is not among its rows"),
         (lambda p: p["rows"][1].update(tf_top1=[1.5]), r"rows\[1\].tf_top1 must be a list of accuracies"),
         (lambda p: p["rows"][0].pop("tau_tree"), r"rows\[0\] has no tau_tree"),
+        (lambda p: p["rows"][0].update(draft_ms="fast"), r"rows\[0\].draft_ms must be a number or None"),
     ],
 )
 def test_paper_comparison_is_validated(mutate, message):

@@ -90,9 +90,10 @@ PAPER_COMPARISON = "paper_comparison"
 """The ``training_info`` key of a drafter's row of a paper comparison (:func:`load_paper_comparison`)."""
 PAPER_COMPARISON_FIELDS = ("table", "command", "date", "machine", "dtype", "drafter", "rows", "claims")
 """What a paper comparison holds: ``table`` (where the whole comparison lives), the run's ``command``, ``date``,
-``machine`` and ``dtype``; ``drafter`` (this folder's name among the rows); ``rows``, one per drafter compared: ``drafter``,
-``method``, ``tf_top1`` (teacher-forced top-1 per step), ``tau_tree`` / ``tau_chain`` (mean τ at the paper's tree and
-at a depth-5 chain) and ``draft_ms`` (drafting ms per cycle at the tree); ``claims``: ``method``, ``claim``, ``verdict``."""
+``machine`` and ``dtype``; ``drafter`` (this drafter's name among the rows, the folder the comparison read); ``rows``,
+one per drafter compared: ``drafter``, ``method``, ``tf_top1`` (teacher-forced top-1 per step), ``tau_tree`` /
+``tau_chain`` (mean τ at the paper's tree and at a depth-5 chain) and ``draft_ms`` (drafting ms per cycle at the tree;
+None where not measured); ``claims``: ``method``, ``claim``, ``verdict``."""
 _PAPER_ROW_FIELDS = ("drafter", "method", "tf_top1", "tau_tree", "tau_chain", "draft_ms")
 
 DATASET_NAMES = {"mt_bench": "MT-bench", "mtbench": "MT-bench", "humaneval": "HumanEval", "gsm8k": "GSM8K"}
@@ -175,6 +176,9 @@ def load_paper_comparison(comparison: dict | None) -> dict | None:
         absent = [key for key in _PAPER_ROW_FIELDS if key not in row]
         if absent:
             fail(f"rows[{i}] has no {', '.join(absent)}")
+        for key in ("tau_tree", "tau_chain", "draft_ms"):
+            if row[key] is not None and (isinstance(row[key], bool) or not isinstance(row[key], (int, float))):
+                fail(f"rows[{i}].{key} must be a number or None, got {row[key]!r}")
         top1 = row["tf_top1"]
         if not isinstance(top1, list) or not all(isinstance(v, (int, float)) and 0 <= v <= 1 for v in top1):
             fail(f"rows[{i}].tf_top1 must be a list of accuracies in [0, 1], got {top1!r}")
