@@ -56,7 +56,7 @@ import hf_spec
 from hf_spec.bench.datasets import BENCH_DATASETS, render_prompt
 from hf_spec.drafters.parallelspec.config import DEFAULT_TREE_WIDTHS
 from hf_spec.hardware import dtype_name, machine_info, resolve_dtype
-from hf_spec.hub.cards import PAPER_COMPARISON, TRAINING_INFO, refresh_model_card
+from hf_spec.hub.cards import PAPER_COMPARISON, refresh_model_card
 from hf_spec.training.collators import FeatureCollator
 from hf_spec.training.data import AUX_COLUMN, layer_cache_dir, load_feature_cache, load_target
 from hf_spec.training.losses import hass_loss, shift_for_drafter
@@ -419,21 +419,11 @@ def card_comparisons(results: dict, table: str) -> dict[str, dict]:
 
 
 def write_cards(results: dict, table: str) -> list[Path]:
-    """Put each compared folder's paper comparison into its card (folders without an hf-spec card are skipped)."""
-    written = []
-    for path, comparison in card_comparisons(results, table).items():
-        info_path = Path(path) / TRAINING_INFO
-        if not info_path.is_file():
-            print(f"{path}: no {TRAINING_INFO} beside a generated card; its card is left as it is", flush=True)
-            continue
-        before = info_path.read_text()
-        info_path.write_text(json.dumps({**json.loads(before), PAPER_COMPARISON: comparison}, indent=1, sort_keys=True))
-        card = refresh_model_card(path)
-        if card is None:  # not a card hf-spec can re-render (it says why): leave the folder as it was
-            info_path.write_text(before)
-        else:
-            written.append(card)
-    return written
+    """Put each compared folder's paper comparison into its card; a folder whose card hf-spec cannot re-render is
+    left as it is (:func:`~hf_spec.hub.cards.refresh_model_card` says why)."""
+    cards = (refresh_model_card(path, {PAPER_COMPARISON: comparison})
+             for path, comparison in card_comparisons(results, table).items())  # fmt: skip
+    return [card for card in cards if card is not None]
 
 
 # ---------------------------------------------------------------------------------------------

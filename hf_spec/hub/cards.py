@@ -329,9 +329,10 @@ def _front_matter(text: str) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def refresh_model_card(folder: str | os.PathLike) -> Path | None:
+def refresh_model_card(folder: str | os.PathLike, training_updates: dict | None = None) -> Path | None:
     """Re-render the hf-spec card of the drafter saved in ``folder`` from its config.json and the inputs stored
-    beside the card (:data:`TRAINING_INFO`, :data:`CARD_RESULTS`); returns its path.
+    beside the card (:data:`TRAINING_INFO`, :data:`CARD_RESULTS`); returns its path. ``training_updates``: training
+    facts to set over the stored ones (e.g. :data:`PAPER_COMPARISON`), stored with them.
 
     Returns None and touches nothing when ``folder`` has no README.md or hf-spec did not generate it (no
     ``library_name: hf-spec`` in its front matter), and warns when the card was written before its inputs were
@@ -357,5 +358,6 @@ def refresh_model_card(folder: str | os.PathLike) -> Path | None:
                                 "Fix: refresh a folder written by save_pretrained.")  # fmt: skip
     model_type = json.loads(config_path.read_text(encoding="utf-8")).get("model_type")
     config = drafter_classes(model_type)[0].from_pretrained(folder)
+    info = {**json.loads(info_path.read_text(encoding="utf-8")), **(training_updates or {})}
     return write_model_card(config, folder, bench_results=results_path if results_path.is_file() else None,
-                            training_info=json.loads(info_path.read_text(encoding="utf-8")))  # fmt: skip
+                            training_info=info)
