@@ -14,7 +14,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -144,12 +143,11 @@ def jsonable(value):
 
 
 def machine_info(torch, dtype):
-    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
     import transformers
+    from hf_spec.hardware import cpu_name
 
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__,
+    return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "transformers": transformers.__version__, "dtype": dtype, "git": commit.stdout.strip() or None}
 
 

@@ -53,6 +53,11 @@ def cpu_flags() -> frozenset[str] | None:
     return None if value is None else frozenset(value.split())
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo's ``model name``), else what :mod:`platform` knows: for results files."""
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
 def cpu_vendor() -> str | None:
     """/proc/cpuinfo's ``vendor_id`` (``AuthenticAMD``, ``GenuineIntel``), None where it cannot be read."""
     return _cpuinfo_field("vendor_id")
@@ -102,14 +107,8 @@ def machine_info(dtype: torch.dtype, device=None) -> dict:
     and for the key of a cached timing (:mod:`hf_spec.verify_cost`)."""
     import transformers
 
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),

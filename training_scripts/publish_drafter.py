@@ -27,20 +27,26 @@ TUNED_FIELDS = ("tree_depth", "tree_top_k", "tree_total_tokens", "tree_widths", 
                 "tree_shape_candidates_measured", "tree_tuned_for", "use_router")
 
 
+def machine_line(machine) -> str:
+    """A results file's machine as the card's one line: the run's identity (CPU, threads, versions, dtype), not its
+    load average. ``hf-spec bench`` and ``benchmarks/fresh_machine.py`` name the thread count differently."""
+    if isinstance(machine, str):
+        return machine
+    labels = (("cpu", "{}"), ("cores", "{} cores"), ("torch_threads", "{} threads"), ("threads", "{} threads"),
+              ("torch", "torch {}"), ("transformers", "transformers {}"), ("dtype", "{}"))  # fmt: skip
+    return ", ".join(label.format(machine[key]) for key, label in labels if machine.get(key) is not None)
+
+
 def card_results(path: str, method: str) -> dict:
     """The card's benchmark entries (``hf_spec.hub.cards`` schema) for ``method`` from an ``hf-spec bench``
     results.json: τ, speedup over plain greedy and tokens/s per data set, with the run's provenance."""
     run = json.load(open(path))
     if method not in run["summary"]["all"]:
         raise SystemExit(f"{path} has no method {method!r}; it has {sorted(run['summary']['all'])}")
-    machine = run["machine"]
-    if not isinstance(machine, str):  # the run's identity, not its load average
-        machine = ", ".join(f"{k} {machine[k]}" for k in ("cpu", "cores", "torch_threads", "torch", "transformers", "dtype")
-                            if k in machine)  # fmt: skip
     entries = [{"dataset": name, "tau": rows[method]["tau"], "speedup": rows[method]["speedup"],
                 "tokens_per_s": rows[method]["tokens_per_s"]}
                for name, rows in run["summary"].items() if name != "all" and method in rows]  # fmt: skip
-    return {"machine": machine, "date": run["date"][:10], "command": run["command"],
+    return {"machine": machine_line(run["machine"]), "date": run["date"][:10], "command": run["command"],
             "baseline": "plain greedy generate(), same run", "results": entries}  # fmt: skip
 
 
@@ -50,17 +56,14 @@ def fresh_machine_card_results(path: str, method: str) -> dict:
     run = json.load(open(path))
     if method not in run["summary"]:
         raise SystemExit(f"{path} has no method {method!r}; it has {sorted(run['summary'])}")
-    m = run["machine"]
-    machine = ", ".join([m["cpu"], f"{m['threads']} threads", f"torch {m['torch']}", f"transformers {m['transformers']}",
-                         m["dtype"]])  # fmt: skip
     entries = []
     for kind, speedup in run["summary"][method]["x_plain_by_kind"].items():
         rows = [p[method] for p in run["prompts"] if p["kind"] == kind]
         entries.append({"dataset": f"{kind} (fresh-machine prompts)", "speedup": speedup,
                         "tau": sum(r["tau"] for r in rows) / len(rows),
                         "tokens_per_s": sum(r["tok_s"] for r in rows) / len(rows)})  # fmt: skip
-    return {"machine": machine, "date": run["date"][:10], "command": run["command"],
-            "baseline": f"plain greedy generate(), {m['dtype']}, same run", "results": entries}  # fmt: skip
+    return {"machine": machine_line(run["machine"]), "date": run["date"][:10], "command": run["command"],
+            "baseline": f"plain greedy generate(), {run['machine']['dtype']}, same run", "results": entries}  # fmt: skip
 
 
 def main(argv=None):

@@ -6,7 +6,6 @@ head (what an S2D exit after layer N costs), beside one step of each Qwen target
 
 import argparse
 import json
-import platform
 import time
 
 import torch
@@ -14,6 +13,7 @@ import transformers
 from transformers import DynamicCache
 
 from hf_spec import load_packaged_model
+from hf_spec.hardware import cpu_name
 
 
 def step_ms(model, head_rows=None, repeats=30):
@@ -30,15 +30,6 @@ def step_ms(model, head_rows=None, repeats=30):
             times.append(time.perf_counter() - t)
             cache.crop(-1)  # drop the step just timed
     return 1000 * sorted(times)[len(times) // 2]
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def main():

@@ -286,7 +286,10 @@ def _environment():
 
 def render_model_card(config, *, bench_results=None, training_info: dict | None = None, model_name: str | None = None) -> str:
     """The README.md text for a drafter with ``config``."""
-    context = card_context(config, bench_results=bench_results, training_info=training_info, model_name=model_name)
+    return _render(card_context(config, bench_results=bench_results, training_info=training_info, model_name=model_name))
+
+
+def _render(context: dict) -> str:
     text = _environment().get_template(context["method"] + TEMPLATE_SUFFIX).render(**context)
     for marker in ("{{", "}}", "{%", "%}"):
         if marker in text:
@@ -299,12 +302,13 @@ def write_model_card(config, save_directory: str | os.PathLike, *, bench_results
     """Write README.md into ``save_directory`` with its inputs beside it: :data:`TRAINING_INFO` and, when the card
     has results, :data:`CARD_RESULTS` (a stale one is removed); the model name defaults to the directory name."""
     save_directory = Path(save_directory)
-    bench = load_bench_results(bench_results)
-    text = render_model_card(config, bench_results=bench, training_info=training_info,
-                             model_name=model_name or save_directory.resolve().name)  # fmt: skip
+    context = card_context(config, bench_results=bench_results, training_info=training_info,
+                           model_name=model_name or save_directory.resolve().name)  # fmt: skip
+    text = _render(context)
     info = json.dumps(training_info or {}, indent=1, sort_keys=True)
     (save_directory / TRAINING_INFO).write_text(info, encoding="utf-8")
-    if bench:
+    if context["results"]:
+        bench = {"results": context["results"]}
         (save_directory / CARD_RESULTS).write_text(json.dumps(bench, indent=1, sort_keys=True), encoding="utf-8")
     else:
         (save_directory / CARD_RESULTS).unlink(missing_ok=True)
