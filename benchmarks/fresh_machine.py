@@ -144,10 +144,11 @@ def jsonable(value):
 
 def machine_info(torch, dtype):
     import transformers
-    from hf_spec.hardware import cpu_name
+
+    import hf_spec
 
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    return {"cpu": hf_spec.cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "transformers": transformers.__version__, "dtype": dtype, "git": commit.stdout.strip() or None}
 
 

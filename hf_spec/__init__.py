@@ -5,7 +5,7 @@ and installs the one integration point (see :mod:`hf_spec.generation`): afterwar
 ``target.generate(input_ids, assistant_model=drafter)`` runs hf-spec's tree decoding.
 """
 
-from .hardware import configure_mkl, dtype_name, resolve_dtype
+from .hardware import configure_mkl, cpu_name, dtype_name, resolve_dtype
 
 configure_mkl()  # before any float32 product: MKL reads it at its first call (hf_spec.hardware)
 
@@ -66,4 +66,5 @@ __all__ = [
     "PACKAGED_MODELS",
     "resolve_dtype",
     "dtype_name",
+    "cpu_name",
 ]

@@ -12,8 +12,7 @@ import torch
 import transformers
 from transformers import DynamicCache
 
-from hf_spec import load_packaged_model
-from hf_spec.hardware import cpu_name
+from hf_spec import cpu_name, load_packaged_model
 
 
 def step_ms(model, head_rows=None, repeats=30):
