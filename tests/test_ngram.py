@@ -1,5 +1,7 @@
 """NGramDrafter: weightless context n-gram TREE drafting; lossless greedy, batched and sampled."""
 
+import os
+
 import pytest
 import torch
 
@@ -397,6 +399,12 @@ def test_an_ngram_drafter_saves_and_loads_back_with_its_datastore(tmp_path):
     assert loaded.ngram_datastore is not None and (loaded.ngram_datastore.tokens == store.tokens).all()
     expected = plain_generate(target, prompt, max_new_tokens=20, do_sample=False)
     assert torch.equal(target.generate(prompt, assistant_model=loaded, max_new_tokens=20, do_sample=False), expected)
+    os.utime(tmp_path / "ngram_datastore.safetensors", ns=(10**9, 10**9))  # a time no new write can have
+    drafter.save_pretrained(tmp_path)  # the same datastore again: the file is kept as it is
+    assert (tmp_path / "ngram_datastore.safetensors").stat().st_mtime_ns == 10**9
+    drafter.ngram_datastore = NGramDatastore.from_documents([prompt[0].tolist()], min_match=1, max_match=3)
+    drafter.save_pretrained(tmp_path)  # another corpus: written
+    assert len(hf_spec.AutoDrafter.from_pretrained(tmp_path).ngram_datastore) == len(prompt[0]) + 1
     drafter.ngram_datastore = None
     drafter.save_pretrained(tmp_path / "plain")
     assert hf_spec.AutoDrafter.from_pretrained(tmp_path / "plain").ngram_datastore is None

@@ -116,13 +116,26 @@ class NGramDatastore:
                 yield (run[: stop[0]] if len(stop) else run).tolist(), n
 
     def save(self, directory) -> str:
-        """Write ``ngram_datastore.safetensors`` (the corpus tokens) into ``directory``."""
+        """Write ``ngram_datastore.safetensors`` (the corpus tokens) into ``directory``; a file that already holds
+        this datastore is left as it is (safetensors writes its metadata in no fixed order, so rewriting the same
+        datastore would change the file's bytes: a re-published drafter folder would show a change it does not have)."""
         from safetensors.torch import save_file
 
         path = os.path.join(directory, DATASTORE_FILE)
+        if os.path.isfile(path) and self._same_as(path):
+            return path
         save_file({"tokens": torch.from_numpy(self.tokens.astype(np.int32))}, path,
                   metadata={"min_match": str(self.min_match), "max_match": str(self.max_match)})  # fmt: skip
         return path
+
+    def _same_as(self, path) -> bool:
+        """Whether the datastore file at ``path`` holds this corpus and these match lengths (an unreadable one does not)."""
+        try:
+            other = type(self).load(path)
+        except Exception:  # a damaged or foreign file: write over it
+            return False
+        return (other.min_match, other.max_match) == (self.min_match, self.max_match) and np.array_equal(
+            other.tokens, self.tokens)
 
     @classmethod
     def load(cls, path) -> "NGramDatastore":
