@@ -20,13 +20,14 @@ D=drafters/smollm2-135m-instruct
 COMMON="--target smollm2-135m-instruct --prompts-per-set 5 --max-new-tokens 128 --tf-cache $HELDOUT --dtype float32"
 for group in $GROUPS_TO_RUN; do
   case $group in
-    two_epochs)  # EAGLE and HASS as shipped before their 10-epoch successors (git 3fd78c7^), and the EAGLE-3 folder
+    two_epochs)  # EAGLE and HASS as shipped before their 10-epoch successors (git 3fd78c7^), EAGLE-3 before its (b35528b)
       old=runs/two-epoch-folders
       for m in eagle hass; do
         [ -d $old/$D-$m ] || { mkdir -p $old && git archive 3fd78c7^ $D-$m | tar -x -C $old; }
       done
-      drafters="$old/$D-eagle $old/$D-hass $D-eagle3" ;;
-    ten_epochs) drafters="$D-eagle $D-hass $D-coral $D-parallelspec" ;;
+      [ -d $old/$D-eagle3 ] || { mkdir -p $old && git archive b35528b $D-eagle3 | tar -x -C $old; }
+      drafters="$old/$D-eagle $old/$D-hass $old/$D-eagle3" ;;
+    ten_epochs) drafters="$D-eagle $D-hass $D-coral $D-parallelspec $D-eagle3" ;;
     *) echo "unknown group $group (two_epochs, ten_epochs)" >&2; exit 2 ;;
   esac
   python training_scripts/compare_papers.py --drafters $drafters $COMMON --output-dir benchmarks/papers/$group --cards
