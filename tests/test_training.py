@@ -372,6 +372,36 @@ class _StopAt(TrainerCallback):
             control.should_training_stop = True
 
 
+def test_training_clock_sums_the_runs_of_a_resumed_training(feature_cache, tmp_path):
+    """Trainer's train_runtime covers the last run only; TrainingClock adds a resumed run's time to what its
+    checkpoint recorded, and says when a checkpoint had no record (its earlier time unknown)."""
+    import json
+
+    from hf_spec.training.callbacks import CLOCK_FILE, TrainingClock
+
+    target, path = feature_cache
+    common = dict(max_steps=4, save_strategy="steps", save_steps=2)
+    first = _trainer(HassTrainer, HassTrainingArguments, target, path, tmp_path, **common)
+    first.add_callback(TrainingClock())
+    first.add_callback(_StopAt(2))
+    first.train()
+    saved = json.loads((tmp_path / "checkpoint-2" / CLOCK_FILE).read_text())
+    assert saved["complete"] and saved["seconds"] > 0
+    clock = TrainingClock()
+    resumed = _trainer(HassTrainer, HassTrainingArguments, target, path, tmp_path, **common)
+    resumed.add_callback(clock)
+    result = resumed.train(resume_from_checkpoint=True)
+    assert clock.complete and clock.before == saved["seconds"]
+    assert clock.seconds >= saved["seconds"] + result.metrics["train_runtime"] * 0.9
+    assert json.loads((tmp_path / "checkpoint-4" / CLOCK_FILE).read_text())["seconds"] > saved["seconds"]
+    (tmp_path / "checkpoint-4" / CLOCK_FILE).unlink()  # a checkpoint saved without the clock
+    unknown = TrainingClock()
+    again = _trainer(HassTrainer, HassTrainingArguments, target, path, tmp_path, **{**common, "max_steps": 6})
+    again.add_callback(unknown)
+    again.train(resume_from_checkpoint=True)
+    assert not unknown.complete and unknown.before == 0.0
+
+
 def test_killed_and_resumed_run_equals_straight_run(feature_cache, tmp_path):
     target, path = feature_cache
     n = 4

@@ -134,8 +134,8 @@ def main(argv=None):
         path = os.path.join(args.source, name)  # CORAL: stage 1 in drafter/, the router beside it
         if os.path.exists(path):
             summary = json.load(open(path))
-            info.update({k: summary[k] for k in ("method", "global_step", "train_runtime_s", "final_train_loss",
-                                                 "examples", "held_out_examples", "num_train_epochs",
+            info.update({k: summary[k] for k in ("method", "global_step", "train_runtime_s", "train_runtime_note",
+                                                 "final_train_loss", "examples", "held_out_examples", "num_train_epochs",
                                                  "draft_vocab_size", "draft_vocab_coverage")
                          if k in summary})  # fmt: skip
             info.update(summary.get("recipe", {}))  # the run's loss weights, steps and optimiser (recipe_settings)

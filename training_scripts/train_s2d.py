@@ -60,6 +60,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from hf_spec import PACKAGED_MODELS, SortedDrafter, draft_vocab, load_packaged_model, packaged_model_path
 from hf_spec.bench.datasets import load_chitchat, load_sharegpt
 from hf_spec.drafters.s2d import target_entry
+from hf_spec.training.callbacks import TrainingClock
 from hf_spec.training.pipeline import end_training, write_training_summary
 from hf_spec.training.s2d_trainer import (
     SortedTrainer,
@@ -163,7 +164,7 @@ def main(argv=None):
     rows = rows[: len(rows) - extra.eval_examples]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     trainer = SortedTrainer(model=drafter.train(), args=training_args, train_dataset=rows, eval_dataset=held_out,
-                            data_collator=pad_collator(pad))  # fmt: skip
+                            data_collator=pad_collator(pad), callbacks=[TrainingClock()])  # fmt: skip
     last = get_last_checkpoint(training_args.output_dir) if training_args.output_dir else None
     result = trainer.train(resume_from_checkpoint=last)
     if held_out and training_args.eval_strategy == "no":  # else the Trainer evaluates at the last step itself

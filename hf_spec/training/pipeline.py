@@ -29,6 +29,7 @@ from ..drafters.parallelspec.config import ParallelDrafterConfig
 from ..drafters.registry import drafter_classes
 from ..hardware import resolve_dtype
 from ..resources import cache_dir
+from .callbacks import TrainingClock
 from .collators import FeatureCollator
 from .data import (
     _META_FILE,
@@ -245,6 +246,7 @@ def _feature_trainer(trainer_class, drafter, training_args, dataset, held_out, s
         eval_dataset=None if held_out is None else held_out.with_format("numpy"),
         data_collator=FeatureCollator(storage=storage, max_length=training_args.max_length,
                                       pad_token_id=tokenizer.pad_token_id or 0),  # fmt: skip
+        callbacks=[TrainingClock()],
     )
 
 
@@ -319,10 +321,14 @@ def write_training_summary(trainer, result, **facts) -> None:
     what every run records (examples, epochs, the recipe's settings, steps, runtime, final loss, the log history),
     which ``training_scripts/publish_drafter.py`` turns into the model card's training section."""
     args = trainer.args
+    clock = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TrainingClock)), None)
+    runtime = result.metrics.get("train_runtime") if clock is None else clock.seconds  # all runs of a resumed training
     summary = {**facts, "examples": len(trainer.train_dataset), "num_train_epochs": args.num_train_epochs,
                "recipe": recipe_settings(args), "global_step": trainer.state.global_step,
-               "train_runtime_s": result.metrics.get("train_runtime"), "final_train_loss": result.training_loss,
+               "train_runtime_s": runtime, "final_train_loss": result.training_loss,
                "log_history": trainer.state.log_history}  # fmt: skip
+    if clock is not None and not clock.complete:
+        summary["train_runtime_note"] = "a lower bound: resumed from a checkpoint saved without its training clock"
     with open(os.path.join(args.output_dir, "training_summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
 
