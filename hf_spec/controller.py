@@ -2,9 +2,12 @@
 
 An *arm* is one way to run a cycle. Arm 0 is always **plain**: no draft, one target step through the same
 loop (exact by construction, and as fast as plain ``generate()``). Arms 1..n are the drafter's tree shapes
-(with their n-gram budgets), ordered by how many nodes they verify, so they form a *ladder* from cheap to
-costly. Speed along the ladder is close to unimodal: more nodes buy more accepted tokens until verification
-and drafting cost more than they buy.
+with their n-gram budgets, ordered from cheap to costly, a *ladder*. Along one dimension (a bigger tree at one n-gram
+budget, or a bigger budget with one tree) speed is close to unimodal: more nodes buy more accepted tokens until
+verification and drafting cost more than they buy. A ladder that mixes two dimensions is not: the rung after a
+small tree with 3 n-gram nodes may be a bigger tree with 8 and slower than both its neighbours while the bigger
+tree with 3 is the fastest. So arms may carry *positions* (tree rank, n-gram rank): an arm's neighbours are then
+also the nearest arms that differ from it in one coordinate only, and the climb moves one dimension at a time.
 
 What the controller measures is what a user feels: wall seconds per committed token, for each arm, from the
 cycles that arm ran (the loop reports each cycle's wall time and committed tokens). Estimates are ratios of
@@ -14,8 +17,9 @@ to code).
 
 The policy is a hill climb with probes:
 
-- it *exploits* one arm (``current``); every so often it *probes* a neighbour on the ladder (one rung cheaper
-  or costlier, or plain, which bounds the worst case, from any rung) for a few cycles, until the probe has
+- it *exploits* one arm (``current``); every so often it *probes* a neighbour (one rung cheaper or costlier, an
+  arm one step away in one coordinate, or plain, which bounds the worst case, from any rung) for a few cycles,
+  until the probe has
   committed ``probe_tokens`` tokens (at most ``max_probe_cycles`` cycles);
 - after a probe it moves to the neighbour when that measured faster per token by more than ``margin``; else the
   next probe of that neighbour waits as long as an *exploration budget* allows: a probe that cost L seconds more than
@@ -26,7 +30,8 @@ The policy is a hill climb with probes:
   the arms are; a probe of a neighbour far slower ends after two cycles (``give_up``). A drafted neighbour is
   also probed at once when the exploited arm's time per token comes near what the neighbour measured
   (``catch_up``);
-- after a move it probes the next rung the same way soon (``momentum``); while plain is exploited, each new
+- after a move it probes the next rungs the same way up or down the ladder soon (``momentum``); while plain is
+  exploited, each new
   ``generate()`` call probes the drafted neighbour early when its drafts are accepted at all (``new_call_probe``):
   plain's own timing cannot show that a new text favours drafting;
 - the first cycle after a switch is not measured (it carries the catch-up work of an arm that had not run:
@@ -90,6 +95,10 @@ class SpeedController:
 
     labels: list[str]
     start: int = 1
+    positions: list[tuple[int, ...] | None] | None = None
+    """Per arm, its coordinates (e.g. tree rank, n-gram rank; None for plain), or None: neighbours on the ladder
+    only. With them, an arm's neighbours are also, per coordinate and direction, the nearest arm equal to it in
+    every other coordinate (see the module docstring)."""
     half_life: float = 48.0
     """Cycles (of the whole run, any arm) after which a measurement weighs half."""
     probe_tokens: int = 6
@@ -140,6 +149,7 @@ class SpeedController:
         if not 0 <= self.start < len(self.labels):
             raise ValueError(f"start={self.start} is not an arm of {len(self.labels)}.")
         self.current = self.start
+        self._adjacent = _adjacency(len(self.labels), self.positions)
         self._estimates = [_Estimate() for _ in self.labels]
         self._interval = [self.first_interval] * len(self.labels)
         self._due = [self.first_interval] * len(self.labels)
@@ -207,8 +217,9 @@ class SpeedController:
 
     # -- policy ------------------------------------------------------------------------------------
     def _neighbours(self) -> list[int]:
-        """The rungs next to the exploited one, and plain (arm 0), which bounds the worst case, from anywhere."""
-        return sorted({n for n in (0, self.current - 1, self.current + 1) if 0 <= n < len(self.labels)} - {self.current})
+        """The rungs next to the exploited one (and those one step away in one coordinate, with positions), and
+        plain (arm 0), which bounds the worst case, from anywhere."""
+        return self._adjacent[self.current]
 
     def _accepts(self, arm: int) -> bool:
         """Whether ``arm``'s measured cycles commit :attr:`new_call_probe` more tokens than plain's (True when either
@@ -232,7 +243,7 @@ class SpeedController:
             self.moves += 1
             steep = ours is None or theirs < ours * (1.0 - self.momentum_gain)
             for n in self._neighbours():  # look further the same way soon; back where it came from later
-                onward = steep and n != 0 and n - self.current == self.current - left
+                onward = steep and n != 0 and (n > self.current) == (self.current > left)
                 self._interval[n] = self.momentum if onward else self.first_interval * (2 if n == left else 1)
                 self._due[n], self._theirs[n] = self.cycle + self._interval[n], None
         else:
@@ -266,17 +277,41 @@ class SpeedController:
                 "probes": self.probes, "moves": self.moves, "ms_per_token": self.ms_per_token()}  # fmt: skip
 
 
+def _adjacency(arms: int, positions: list[tuple[int, ...] | None] | None) -> list[list[int]]:
+    """Per arm, its neighbours: plain (arm 0), the rungs before and after it, and, with ``positions``, per
+    coordinate and direction the nearest arm equal to it in every other coordinate."""
+    if positions is not None:
+        if len(positions) != arms or positions[0] is not None:
+            raise ValueError(f"positions must give one entry per arm ({arms}), None for plain (arm 0); got {positions!r}.")
+        if len({len(p) for p in positions[1:]}) > 1 or any(p is None for p in positions[1:]):
+            raise ValueError(f"positions of the drafted arms must be tuples of one length; got {positions!r}.")
+    adjacent = []
+    for arm in range(arms):
+        near = {n for n in (0, arm - 1, arm + 1) if 0 <= n < arms}
+        mine = positions[arm] if positions is not None else None
+        if mine is not None:
+            for axis in range(len(mine)):
+                for sign in (-1, 1):
+                    same_line = [n for n in range(1, arms) if all(positions[n][k] == mine[k] for k in range(len(mine))
+                                                                  if k != axis) and sign * (positions[n][axis] - mine[axis]) > 0]  # fmt: skip
+                    if same_line:
+                        near.add(min(same_line, key=lambda n: abs(positions[n][axis] - mine[axis])))
+        adjacent.append(sorted(near - {arm}))
+    return adjacent
+
+
 _CONTROLLERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def controller_for(owner, key: tuple, labels: list[str], start: int) -> SpeedController:
+def controller_for(owner, key: tuple, labels: list[str], start: int,
+                   positions: list[tuple[int, ...] | None] | None = None) -> SpeedController:  # fmt: skip
     """The process's controller for ``owner`` (the drafter; weakly held) and ``key`` (what its costs depend on:
     target, device, dtype, threads, batch size class, sampling), created on first use; a new one when the arms
     differ (the drafter's candidates changed)."""
     mine = _CONTROLLERS.setdefault(owner, {})
     controller = mine.get(key)
-    if controller is None or controller.labels != list(labels):
-        controller = mine[key] = SpeedController(list(labels), start=start)
+    if controller is None or controller.labels != list(labels) or controller.positions != positions:
+        controller = mine[key] = SpeedController(list(labels), start=start, positions=positions)
     return controller
 
 

@@ -160,7 +160,7 @@ def speculative_decode(
         raise ValueError(f"speed_controller must be None, True, False or a SpeedController, got {speed_controller!r}.")
     elif len(arms) > 1:
         key = (id(model), str(model.device), str(model.dtype), torch.get_num_threads(), input_ids.shape[0] > 1, do_sample)
-        controller = controller_for(drafter, key, labels, start)
+        controller = controller_for(drafter, key, labels, start, ladder_positions(drafter, arms))
     temperature = float(generation_config.temperature or 1.0) if do_sample else 1.0
     _check_streamer(streamer, input_ids)
     # no key/value-head copies (CPU), no per-shape cuDNN plans (CUDA); on a CPU each few-row linear layer runs the
@@ -180,10 +180,10 @@ def call_arms(drafter: SpecDrafterModel, options: dict, do_sample: bool, control
 
     A call that sets any shape option (``options``: ``tree_depth``, ``tree_top_k``, ``tree_total_tokens``,
     ``tree_min_prob``, ``ngram_nodes``), or runs uncontrolled, has one arm: that shape (no controller).
-    Else arm 0 is plain (no draft), then the drafter's ``tree_shape_candidates`` ordered by the nodes they
-    verify (unless ``auto_tree_shape`` is false; candidates this call's mode cannot use, such as pruned trees
-    when sampling, are left out), or its configured shape when it has none; the start is the candidate with the
-    configured shape, else the cheapest drafted arm."""
+    Else arm 0 is plain (no draft), then the drafter's ``tree_shape_candidates`` from cheap to costly, one
+    dimension at a time: by tree size, then n-gram budget (:func:`rung_key`; unless ``auto_tree_shape`` is false;
+    candidates this call's mode cannot use, such as pruned trees when sampling, are left out), or its configured
+    shape when it has none; the start is the candidate with the configured shape, else the cheapest drafted arm."""
     def arm(label: str, opts: dict) -> Arm:
         shape = drafter.tree_shape(opts.get("tree_depth"), opts.get("tree_top_k"), opts.get("tree_total_tokens"))
         shape = with_min_prob(drafter, shape, opts.get("tree_min_prob"))
@@ -196,22 +196,40 @@ def call_arms(drafter: SpecDrafterModel, options: dict, do_sample: bool, control
     candidates = check_candidates(getattr(config, "tree_shape_candidates", None))
     if getattr(config, "auto_tree_shape", None) is False or not candidates:
         return [PLAIN, arm("configured", {})], 1
-    arms, start, seen = [PLAIN], None, set()
+    drafted, seen = [], set()
     configured = {name: getattr(config, name, None) for name in ("tree_depth", "tree_top_k", "tree_total_tokens",
                                                                  "ngram_nodes")}  # fmt: skip
-    for candidate in sorted(candidates, key=lambda c: c["verified_nodes"]):
+    for candidate in candidates:
         opts = candidate_options(candidate)
         label = " ".join(f"{k.removeprefix('tree_')}={v}" for k, v in sorted(opts.items())) or "configured"
         if label in seen:
             continue
         seen.add(label)
         try:
-            arms.append(arm(label, opts))
+            drafted.append((arm(label, opts), all(opts.get(k, v) == v for k, v in configured.items())))
         except ValueError:  # e.g. a pruned tree a greedy ladder may use but sampling may not: not an arm here
             continue
-        if start is None and all(opts.get(k, v) == v for k, v in configured.items()):
-            start = len(arms) - 1
-    return arms, start or 1
+    drafted.sort(key=lambda pair: rung_key(drafter, pair[0]))
+    start = next((i + 1 for i, (_, is_configured) in enumerate(drafted) if is_configured), 1)
+    return [PLAIN] + [a for a, _ in drafted], start
+
+
+def rung_key(drafter: SpecDrafterModel, arm: Arm) -> tuple[tuple, int]:
+    """Where a drafted arm stands on the ladder: (its tree's size: drafted nodes kept, depth, children per node, and
+    a lower confidence floor as bigger; its n-gram budget, the drafter's when the arm sets none)."""
+    shape = arm.shape
+    tree = (shape.total_tokens, shape.depth, getattr(shape, "top_k", 0), -getattr(shape, "min_prob", 0.0))
+    ngram = arm.ngram_nodes if arm.ngram_nodes is not None else getattr(drafter.config, "ngram_nodes", None)
+    return tree, int(ngram or 0)
+
+
+def ladder_positions(drafter: SpecDrafterModel, arms: list[Arm]) -> list[tuple[int, int] | None]:
+    """Each arm's (tree rank, n-gram rank) among ``arms`` (None for plain), so the controller also moves one
+    dimension at a time (:class:`~hf_spec.controller.SpeedController`)."""
+    keys = [None if a.shape is None else rung_key(drafter, a) for a in arms]
+    trees = sorted({k[0] for k in keys if k is not None})
+    ngrams = sorted({k[1] for k in keys if k is not None})
+    return [None if k is None else (trees.index(k[0]), ngrams.index(k[1])) for k in keys]
 
 
 def with_min_prob(drafter: SpecDrafterModel, shape, min_prob: float | None):

@@ -14,7 +14,7 @@ import torch
 import hf_spec
 from conftest import make_target, oracle_pair, plain_generate, random_prompt
 from hf_spec.controller import SpeedController
-from hf_spec.generation import call_arms
+from hf_spec.generation import call_arms, ladder_positions
 from hf_spec.shape_select import CANDIDATE_OPTIONS
 from test_batched import pad_left, per_row_expected, prompts_of
 from test_eagle3 import trained_pair as eagle3_pair
@@ -159,6 +159,25 @@ def test_fixed_shapes_and_switched_off_controllers_have_one_arm():
     with pytest.raises(ValueError, match="speed_controller has arms"):
         target.generate(prompt, assistant_model=drafter, max_new_tokens=8, do_sample=False,
                         speed_controller=SpeedController(["plain", "x"]))  # fmt: skip
+
+
+def test_the_ladder_orders_one_dimension_at_a_time():
+    """Candidates are ordered by tree size, then n-gram budget, whatever nodes they verified offline (which mixes the
+    two dimensions: that order put a slow rung between two fast ones), and each arm has its (tree, n-gram) rank."""
+    target, trained = oracle_pair("llama")
+    candidates = [  # listed out of order, verified nodes misleading
+        {"tree_depth": 2, "tree_top_k": 2, "tree_total_tokens": 3, "ngram_nodes": 8, "tau": 2.0, "verified_nodes": 5.0},
+        {"tree_depth": 1, "tree_top_k": 2, "tree_total_tokens": 2, "ngram_nodes": 8, "tau": 1.5, "verified_nodes": 4.0},
+        {"tree_depth": 2, "tree_top_k": 2, "tree_total_tokens": 3, "ngram_nodes": 3, "tau": 2.0, "verified_nodes": 5.5},
+        {"tree_depth": 1, "tree_top_k": 2, "tree_total_tokens": 2, "ngram_nodes": 3, "tau": 1.5, "verified_nodes": 4.5},
+    ]
+    drafter = hf_spec.EagleDrafter.from_target(target, tree_shape_candidates=candidates, tree_depth=2, tree_top_k=2,
+                                               tree_total_tokens=3, ngram_nodes=3)  # fmt: skip
+    arms, start = call_arms(drafter, dict.fromkeys(CANDIDATE_OPTIONS), False)
+    shapes = [(a.shape.total_tokens, a.ngram_nodes) for a in arms[1:]]
+    assert shapes == [(2, 3), (2, 8), (3, 3), (3, 8)]
+    assert ladder_positions(drafter, arms) == [None, (0, 0), (0, 1), (1, 0), (1, 1)]
+    assert (arms[start].shape.total_tokens, arms[start].ngram_nodes) == (3, 3)  # the configured shape
 
 
 @pytest.mark.integration

@@ -234,6 +234,43 @@ def test_new_calls_on_plain_with_a_drafter_that_pays_nothing_cost_little():
     assert spent <= 1.015 * tokens * costs[0]
 
 
+def test_a_ladder_of_two_dimensions_is_climbed_one_dimension_at_a_time():
+    """Tree shapes crossed with n-gram budgets (the ladder a drafter's candidates make): the rung after the small tree
+    with the small budget is the small tree with the big budget, slower than both its ladder neighbours, while the big
+    tree with the small budget is the fastest. On the ladder alone the climb stops below the dip; with positions the
+    big tree with the small budget is a neighbour (one step in one coordinate) and the climb reaches it."""
+    labels = ["plain", "small tree, 3 ngram", "small tree, 8 ngram", "big tree, 3 ngram", "big tree, 8 ngram"]
+    positions = [None, (0, 0), (0, 1), (1, 0), (1, 1)]
+    costs, taus = [1.0, 1.4, 1.9, 1.5, 2.7], [1, 2.0, 2.0, 3.0, 3.0]  # per token: 1.0, .70, .95, .50, .90
+    best = min(seconds_per_token(costs, taus))
+    for seed in range(4):
+        stuck = SpeedController(labels, start=1)
+        run(stuck, landscape(costs, taus), 300, random.Random(seed))
+        assert stuck.current == 1  # why positions exist: the dip at rung 2 hides rung 3
+        controller = SpeedController(labels, start=1, positions=positions)
+        rng = random.Random(seed)
+        run(controller, landscape(costs, taus), 100, rng)
+        assert controller.current == 3
+        used = run(controller, landscape(costs, taus), 300, rng, start_cycle=100)
+        assert mean_seconds_per_token(used, costs, taus) <= 1.06 * best
+
+
+def test_neighbours_with_positions():
+    """Plain and the ladder's rungs next to an arm, and per coordinate the nearest arm equal in the other one; plain's
+    only neighbour is the cheapest rung. Positions are checked."""
+    positions = [None, (0, 0), (0, 1), (1, 0), (1, 1), (1, 3), (2, 1), (3, 2)]  # a ParallelSpec ladder
+    controller = SpeedController([str(i) for i in range(8)], start=1, positions=positions)
+    expected = {0: [1], 1: [0, 2, 3], 2: [0, 1, 3, 4], 3: [0, 1, 2, 4], 4: [0, 2, 3, 5, 6], 5: [0, 4, 6], 6: [0, 4, 5, 7],
+                7: [0, 6]}  # fmt: skip
+    for arm, neighbours in expected.items():
+        controller.current = arm
+        assert controller._neighbours() == neighbours, arm
+    with pytest.raises(ValueError, match="one entry per arm"):
+        SpeedController(["plain", "a"], positions=[(0,), (0,)])
+    with pytest.raises(ValueError, match="one length"):
+        SpeedController(["plain", "a", "b"], positions=[None, (0,), (0, 1)])
+
+
 # -- the engine chooser ----------------------------------------------------------------------------------------
 def run_engines(chooser: EngineChooser, cost, sizes: list[int], calls: dict | None = None) -> list[tuple[str, bool]]:
     """One forward per entry of ``sizes`` (bucket sizes); ``cost(size, engine, k) -> seconds``, k counting that

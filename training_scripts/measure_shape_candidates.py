@@ -1,6 +1,6 @@
 """Measure each drafter folder's shape candidates (τ and verified nodes per cycle) on held-aside prompts and write
 them into the folder's config (``tree_shape_candidates``): the rungs the online speed controller
-(:mod:`hf_spec.controller`) chooses among at run time, ordered by the nodes they verify.
+(:mod:`hf_spec.controller`) chooses among at run time, ordered by tree size, then n-gram budget.
 
     python training_scripts/measure_shape_candidates.py drafters/smollm2-135m-instruct-hass [FOLDER ...]
 
