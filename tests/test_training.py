@@ -378,6 +378,7 @@ def test_training_clock_sums_the_runs_of_a_resumed_training(feature_cache, tmp_p
     import json
 
     from hf_spec.training.callbacks import CLOCK_FILE, TrainingClock
+    from hf_spec.training.pipeline import training_runtime
 
     target, path = feature_cache
     common = dict(max_steps=4, save_strategy="steps", save_steps=2)
@@ -393,13 +394,17 @@ def test_training_clock_sums_the_runs_of_a_resumed_training(feature_cache, tmp_p
     result = resumed.train(resume_from_checkpoint=True)
     assert clock.complete and clock.before == saved["seconds"]
     assert clock.seconds >= saved["seconds"] + result.metrics["train_runtime"] * 0.9
+    entries = training_runtime(resumed, result)  # what training summaries (drafter and CORAL router) state
+    assert set(entries) == {"train_runtime_s"}
+    assert entries["train_runtime_s"] >= saved["seconds"] + result.metrics["train_runtime"] * 0.9
     assert json.loads((tmp_path / "checkpoint-4" / CLOCK_FILE).read_text())["seconds"] > saved["seconds"]
     (tmp_path / "checkpoint-4" / CLOCK_FILE).unlink()  # a checkpoint saved without the clock
     unknown = TrainingClock()
     again = _trainer(HassTrainer, HassTrainingArguments, target, path, tmp_path, **{**common, "max_steps": 6})
     again.add_callback(unknown)
-    again.train(resume_from_checkpoint=True)
+    result = again.train(resume_from_checkpoint=True)
     assert not unknown.complete and unknown.before == 0.0
+    assert "lower bound" in training_runtime(again, result)["train_runtime_note"]
 
 
 def test_killed_and_resumed_run_equals_straight_run(feature_cache, tmp_path):

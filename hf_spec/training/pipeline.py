@@ -269,7 +269,7 @@ def train_router(drafter_path: str, data_args: DataArguments, training_args) -> 
     if trainer.is_world_process_zero():
         drafter.save_pretrained(training_args.output_dir)
         summary = {"stage": "router", "drafter": drafter_path, "feature_cache": cache,
-                   "global_step": trainer.state.global_step, "train_runtime_s": result.metrics.get("train_runtime"),
+                   "global_step": trainer.state.global_step, **training_runtime(trainer, result),
                    "log_history": trainer.state.log_history}  # fmt: skip
         with open(os.path.join(training_args.output_dir, "router_training_summary.json"), "w") as f:
             json.dump(summary, f, indent=1, default=str)
@@ -316,19 +316,28 @@ def train_drafter(method: str, data_args: DataArguments, training_args, **drafte
     return drafter
 
 
+def training_runtime(trainer, result) -> dict:
+    """A training summary's runtime entries: ``train_runtime_s``, the wall seconds of all runs of a resumed training
+    (the trainer's :class:`TrainingClock`; Trainer's own ``train_runtime`` of the last run when it has none), and
+    ``train_runtime_note`` when that is a lower bound."""
+    clock = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TrainingClock)), None)
+    if clock is None:
+        return {"train_runtime_s": result.metrics.get("train_runtime")}
+    out = {"train_runtime_s": clock.seconds}
+    if not clock.complete:
+        out["train_runtime_note"] = "a lower bound: resumed from a checkpoint saved without its training clock"
+    return out
+
+
 def write_training_summary(trainer, result, **facts) -> None:
     """``<output_dir>/training_summary.json``: ``facts`` (method, data, held-out examples, draft vocabulary...) and
     what every run records (examples, epochs, the recipe's settings, steps, runtime, final loss, the log history),
     which ``training_scripts/publish_drafter.py`` turns into the model card's training section."""
     args = trainer.args
-    clock = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TrainingClock)), None)
-    runtime = result.metrics.get("train_runtime") if clock is None else clock.seconds  # all runs of a resumed training
     summary = {**facts, "examples": len(trainer.train_dataset), "num_train_epochs": args.num_train_epochs,
                "recipe": recipe_settings(args), "global_step": trainer.state.global_step,
-               "train_runtime_s": runtime, "final_train_loss": result.training_loss,
+               **training_runtime(trainer, result), "final_train_loss": result.training_loss,
                "log_history": trainer.state.log_history}  # fmt: skip
-    if clock is not None and not clock.complete:
-        summary["train_runtime_note"] = "a lower bound: resumed from a checkpoint saved without its training clock"
     with open(os.path.join(args.output_dir, "training_summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
 
