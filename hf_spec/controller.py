@@ -283,19 +283,21 @@ def _adjacency(arms: int, positions: list[tuple[int, ...] | None] | None) -> lis
     if positions is not None:
         if len(positions) != arms or positions[0] is not None:
             raise ValueError(f"positions must give one entry per arm ({arms}), None for plain (arm 0); got {positions!r}.")
-        if len({len(p) for p in positions[1:]}) > 1 or any(p is None for p in positions[1:]):
+        if any(p is None for p in positions[1:]) or len({len(p) for p in positions[1:]}) > 1:
             raise ValueError(f"positions of the drafted arms must be tuples of one length; got {positions!r}.")
     adjacent = []
     for arm in range(arms):
         near = {n for n in (0, arm - 1, arm + 1) if 0 <= n < arms}
         mine = positions[arm] if positions is not None else None
-        if mine is not None:
-            for axis in range(len(mine)):
-                for sign in (-1, 1):
-                    same_line = [n for n in range(1, arms) if all(positions[n][k] == mine[k] for k in range(len(mine))
-                                                                  if k != axis) and sign * (positions[n][axis] - mine[axis]) > 0]  # fmt: skip
-                    if same_line:
-                        near.add(min(same_line, key=lambda n: abs(positions[n][axis] - mine[axis])))
+        for axis in range(len(mine) if mine is not None else 0):
+            line = [n for n in range(1, arms)  # the arms that differ from this one in `axis` at most
+                    if all(theirs == own for k, (theirs, own) in enumerate(zip(positions[n], mine)) if k != axis)]
+            below = [n for n in line if positions[n][axis] < mine[axis]]
+            above = [n for n in line if positions[n][axis] > mine[axis]]
+            if below:
+                near.add(max(below, key=lambda n: positions[n][axis]))
+            if above:
+                near.add(min(above, key=lambda n: positions[n][axis]))
         adjacent.append(sorted(near - {arm}))
     return adjacent
 

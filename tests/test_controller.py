@@ -269,6 +269,8 @@ def test_neighbours_with_positions():
         SpeedController(["plain", "a"], positions=[(0,), (0,)])
     with pytest.raises(ValueError, match="one length"):
         SpeedController(["plain", "a", "b"], positions=[None, (0,), (0, 1)])
+    with pytest.raises(ValueError, match="one length"):
+        SpeedController(["plain", "a", "b"], positions=[None, (0,), None])
 
 
 # -- the engine chooser ----------------------------------------------------------------------------------------

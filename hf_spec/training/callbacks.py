@@ -32,7 +32,7 @@ class TrainingClock(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._started = time.perf_counter()
         if state.global_step > 0:  # resumed: Trainer restored the checkpoint's state before this call
-            record = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}", CLOCK_FILE)
+            record = os.path.join(_checkpoint_folder(args, state), CLOCK_FILE)
             try:
                 with open(record) as f:
                     saved = json.load(f)
@@ -41,7 +41,12 @@ class TrainingClock(TrainerCallback):
                 self.before, self.complete = 0.0, False
 
     def on_save(self, args, state, control, **kwargs):
-        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        folder = _checkpoint_folder(args, state)
         if state.is_world_process_zero and os.path.isdir(folder):
             with open(os.path.join(folder, CLOCK_FILE), "w") as f:
                 json.dump({"seconds": self.seconds, "complete": self.complete}, f)
+
+
+def _checkpoint_folder(args, state) -> str:
+    """The folder Trainer saves (and resumes) the checkpoint of ``state.global_step`` in."""
+    return os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
