@@ -181,7 +181,7 @@ def main(argv=None) -> dict:
         "plain_few_row_over_plain": total["plain_s"] / total["plain_few_row_s"],
         "random_over_plain": total["plain_s"] / total["random_s"],
         "random_over_plain_few_row": total["plain_few_row_s"] / total["random_s"],
-        "random_per_prompt_min": min(r["plain_few_row_s"] / r["random_s"] for r in rows),
+        "random_over_plain_few_row_worst_prompt": min(r["plain_few_row_s"] / r["random_s"] for r in rows),
         "random_over_plain_few_row_after_first": (sum(r["plain_few_row_s"] for r in rows[1:])
                                                   / sum(r["random_s"] for r in rows[1:]) if len(rows) > 1 else math.nan),
         "oracle_over_plain": total["plain_s"] / total["oracle_s"],
