@@ -30,6 +30,10 @@ fails with a message naming the attribute when a transformers upgrade changes it
   public names only), and its ``custom_generate=callable`` hook runs our decoding loop inside
   transformers' own argument preparation: the loop is called as
   ``loop(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs)``.
+
+Two private torch CPU operators live here too, the ones torch's own compiler uses for frozen linear layers
+(:func:`pack_linear_weight`, :func:`packed_linear`): a weight reordered once into oneDNN's blocked layout, then
+multiplied without the reorder ``F.linear`` repeats on every call.
 """
 
 from __future__ import annotations
@@ -231,3 +235,26 @@ def tree_attention(device: torch.device):
             torch.backends.cuda.enable_cudnn_sdp(False)
             stack.callback(torch.backends.cuda.enable_cudnn_sdp, True)
         yield
+
+
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (N, K) of a CPU linear layer reordered once into oneDNN's blocked layout (``torch.ops.mkldnn.
+    _reorder_linear_weight``, as torch's inductor freezes linear layers): a copy, for :func:`packed_linear`. Raises
+    RuntimeError where this torch build or dtype has no such reorder (no oneDNN)."""
+    try:
+        reorder = torch.ops.mkldnn._reorder_linear_weight
+    except (AttributeError, RuntimeError) as error:
+        raise RuntimeError(f"this torch build has no oneDNN weight reorder ({error})") from error
+    return reorder(weight.detach(), 1)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` with the weight as :func:`pack_linear_weight` returned it (any leading dims of
+    ``x``; ``torch.ops.mkldnn._linear_pointwise`` with no fused activation)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """torch's in-place modification counter of ``tensor`` (``_version``): a cached copy made from it is stale once
+    this moved."""
+    return tensor._version

@@ -1,21 +1,29 @@
-"""Few-row linear layers on a CPU: of two equal computations, the one this machine runs faster, measured.
+"""Few-row linear layers on a CPU: of equal computations, the one this machine runs fastest, measured.
 
 Decoding multiplies a few rows (one token; a draft tree's nodes) by every weight matrix of the target and the
-drafter. PyTorch's ``F.linear(x, W)`` hands that to its BLAS, whose few-row kernels differ from machine to
-machine: on a 2-core AMD EPYC (Zen 4, torch 2.13 with MKL, float32) the one-row product ran in a matrix-vector
-kernel on one core; written ``W @ x.T`` (the row padded to two) it took 158 us instead of 312 through a 1536x576
-weight and 5.0 ms instead of 10.3 through SmolLM2-135M's 49,152-row head, and a plain float32 step of SmolLM2-135M
-went from 58 to 33 ms with the kernels chosen here (benchmarks/few_row_kernels). Products timed in isolation,
-weights warm in a cache, can rank the kernels the other way; in bf16 on that EPYC ``F.linear`` won everywhere.
+drafter. PyTorch's ``F.linear(x, W)`` hands that to its BLAS, whose few-row kernels differ from machine to machine,
+and in bf16 to oneDNN, which reorders the weight into its blocked layout on every call. Three kernels compute it:
 
-So nothing here is assumed: within :func:`few_row_linears`, the calls with each row count (up to
-:data:`MAX_ROWS`) of each weight shape, after each layer's first :data:`WARMUP_CALLS`, alternate the two kernels,
-timed in place on their real inputs, and from then on this process runs the faster one (the transposed product only
-when it was at least :data:`MIN_GAIN` faster). Choices are per weight shape, dtype, thread count and row count: a
-model's 30 layers of one shape settle one within a forward, its LM head (one call per forward) within
-:data:`TRIAL_CALLS` forwards. Both kernels compute the same products in another summation order, as a tree
-verification already does against a one-token step: greedy output stays that of plain ``generate()`` (the tests
-run both kernels), and sampling is unaffected.
+- ``F.linear`` itself;
+- ``transposed``: ``W @ x.T`` (a single row padded to two). On a 2-core AMD EPYC (Zen 4, torch 2.13 with MKL,
+  float32) the one-row product ran in a matrix-vector kernel on one core; written this way it took 158 us instead of
+  312 through a 1536x576 weight and 5.0 ms instead of 10.3 through SmolLM2-135M's 49,152-row head, and a plain
+  float32 step of SmolLM2-135M went from 58 to 33 ms (benchmarks/few_row_kernels);
+- ``packed``: the weight reordered once into oneDNN's layout (kept for the process while it pays, as torch's
+  compiler freezes linear layers; :func:`hf_spec.compat.pack_linear_weight`), then multiplied without the per-call
+  reorder. On that EPYC in bf16 a SmolLM2-135M forward over 1 token went from 42 to 34 ms and over 8 tokens from 46
+  to 34, with the same bits as ``F.linear``. The copy costs the weight's memory again; packing stops before packed
+  copies would take more than :data:`PACK_MEMORY_SHARE` of the memory that was free.
+
+Products timed in isolation, weights warm in a cache, can rank the kernels the other way. So nothing here is
+assumed: within :func:`few_row_linears`, the calls with each row count (up to :data:`MAX_ROWS`) of each weight shape,
+after each layer's first :data:`WARMUP_CALLS`, take turns with the kernels, timed in place on their real inputs, and
+from then on this process runs the fastest (another kernel than ``F.linear`` only when it was at least
+:data:`MIN_GAIN` faster). Choices are per weight shape, dtype, thread count and row count: a model's 30 layers of one
+shape settle one within a forward or two, its LM head (one call per forward) within :data:`TRIAL_CALLS` forwards.
+The kernels compute the same products, at most in another summation order, as a tree verification already does
+against a one-token step: greedy output stays that of plain ``generate()`` (the tests run every kernel), and
+sampling is unaffected.
 
 hf-spec's decoding and its verification-cost curve run inside it on a CPU; it is public because it speeds up a
 plain ``generate()`` just as well (``with hf_spec.few_row_linears(model): model.generate(...)``).
@@ -24,47 +32,63 @@ plain ``generate()`` just as well (``with hf_spec.few_row_linears(model): model.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
+import weakref
 
 import torch
 from torch import nn
 
-__all__ = ["MAX_ROWS", "MIN_GAIN", "TRIAL_CALLS", "WARMUP_CALLS", "few_row_linears", "forced_kernel", "kernel_choices"]
+from . import compat
 
+__all__ = ["KERNELS", "MAX_ROWS", "MIN_GAIN", "PACK_MEMORY_SHARE", "TRIAL_CALLS", "WARMUP_CALLS", "few_row_linears",
+           "forced_kernel", "kernel_choices"]  # fmt: skip
+
+KERNELS = ("F.linear", "transposed", "packed")
+"""The kernels a few-row call may run (module docstring); ``F.linear`` is the default."""
 MAX_ROWS = 16
 """Row counts above this always use ``F.linear`` (a matrix product of many rows has no slow few-row kernel)."""
 MIN_GAIN = 0.10
-"""The transposed product replaces ``F.linear`` only when measured at least this much faster (a close call keeps
-the default kernel: the choice is one timing, and it is kept for the process)."""
+"""Another kernel replaces ``F.linear`` only when measured at least this much faster (a close call keeps the default
+kernel: the choice is one timing, and it is kept for the process)."""
 WARMUP_CALLS = 2
 """Each layer's first calls with a row count run ``F.linear`` untimed: a process's first decoding steps run slower
 for reasons of their own (memory touched for the first time), and there, on the EPYC above, the transposed product
 measured up to twice its later cost and lost choices it wins from the third step on."""
 TRIAL_CALLS = 24
-"""Calls of one weight shape with one row count that run on trial (half of them with each kernel) before the
-choice: a model's 30 layers of one shape settle it within one forward, its LM head within 24."""
-_tables: dict[tuple, dict[int, bool]] = {}
-"""(weight shape, dtype, threads) -> {rows: whether the transposed product is the faster}, for this process."""
-_trials: dict[tuple, tuple[list[float], list[float]]] = {}
-"""((weight shape, dtype, threads), rows) still being measured -> the seconds of their calls so far with
-(``F.linear``, the transposed product)."""
-_force: bool | None = None
+"""Calls of one weight shape with one row count that run on trial (in turns, as many with each kernel) before the
+choice: a model's 30 layers of one shape settle it within a forward or two, its LM head within 24."""
+PACK_MEMORY_SHARE = 0.5
+"""Packed copies of weights may take at most this share of the memory that was free before they were made; past it
+a layer keeps the other two kernels."""
+_tables: dict[tuple, dict[int, str]] = {}
+"""(weight shape, dtype, threads) -> {rows: the kernel chosen}, for this process."""
+_trials: dict[tuple, dict[str, list[float]]] = {}
+"""((weight shape, dtype, threads), rows) still being measured -> the seconds of their calls so far per kernel."""
+_packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Layer -> (what its weight was when packed, the packed copy, its bytes): reused across blocks while the weight is
+unchanged and some choice of its shape is ``packed`` or still on trial."""
+_unpackable: set[torch.dtype] = set()
+"""Dtypes this torch build could not pack (no oneDNN reorder): their layers keep the other two kernels."""
+_force: str | None = None
 """Tests set this (through :func:`forced_kernel`) to run one kernel everywhere."""
 
 
 def kernel_choices() -> dict[str, str]:
-    """What this process chose so far: ``{"NxK dtype threads rows": "transposed" | "F.linear"}``."""
-    return {f"{shape[0]}x{shape[1]} {str(dtype).removeprefix('torch.')} {threads} threads {rows} rows":
-            ("transposed" if transposed else "F.linear")
-            for (shape, dtype, threads), table in _tables.items() for rows, transposed in sorted(table.items())}  # fmt: skip
+    """What this process chose so far: ``{"NxK dtype threads rows": kernel}`` (one of :data:`KERNELS`)."""
+    return {f"{shape[0]}x{shape[1]} {str(dtype).removeprefix('torch.')} {threads} threads {rows} rows": kernel
+            for (shape, dtype, threads), table in _tables.items() for rows, kernel in sorted(table.items())}  # fmt: skip
 
 
 @contextlib.contextmanager
-def forced_kernel(transposed: bool):
-    """Run every few-row call with one kernel (for tests: both must give plain ``generate()``'s greedy text)."""
+def forced_kernel(kernel: str):
+    """Run every few-row call with one kernel of :data:`KERNELS` (for tests: each must give plain ``generate()``'s
+    greedy text; ``packed`` falls back to ``F.linear`` where a weight cannot be packed)."""
     global _force
-    previous, _force = _force, transposed
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}.")
+    previous, _force = _force, kernel
     try:
         yield
     finally:
@@ -83,18 +107,74 @@ def _transposed(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out if bias is None else out.add_(bias)
 
 
-def _trial(base: tuple, rows: int, table: dict, x2: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
-    """One measured call of a row count still on trial: the kernel with fewer samples runs, timed in place on the
-    real input with the weight where decoding leaves it (running both on one call would find the weight warm in a
-    cache for the second: a 576x576 weight then measured the other way round); once each kernel has
-    :data:`TRIAL_CALLS` / 2 calls, the medians past each one's untimed first call decide and ``table`` keeps it."""
-    default, transposed = _trials.setdefault((base, rows), ([], []))
-    use_transposed = len(transposed) < len(default)
+def _free_memory() -> int | None:
+    """Bytes of memory available to this process now (Linux ``MemAvailable``, else free pages; None: unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _packed_weight(layer: nn.Linear) -> torch.Tensor | None:
+    """``layer``'s packed weight, made on first use (None: its dtype cannot be packed, or the memory share was spent
+    when it was asked for); remade when the weight changed since (in place, or replaced)."""
+    weight = layer.weight
+    state = (weight.data_ptr(), compat.tensor_version(weight), weight.dtype, tuple(weight.shape))
+    entry = _packed.get(layer)
+    if entry is not None and entry[0] == state:
+        return entry[1]
+    if weight.dtype in _unpackable:
+        return None
+    _packed.pop(layer, None)
+    size = weight.numel() * weight.element_size()
+    held = sum(e[2] for e in _packed.values())
+    free = _free_memory()
+    packed = None
+    if free is None or held + size <= PACK_MEMORY_SHARE * (free + held):
+        try:
+            packed = compat.pack_linear_weight(weight)
+        except RuntimeError:
+            _unpackable.add(weight.dtype)
+            return None
+    _packed[layer] = (state, packed, size if packed is not None else 0)
+    return packed
+
+
+def _run(kernel: str, layer: nn.Linear, x2: torch.Tensor) -> torch.Tensor:
+    """``F.linear`` of the (rows, K) input through ``kernel`` (``packed`` without a packed weight: ``F.linear``)."""
+    if kernel == "transposed":
+        return _transposed(x2, layer.weight, layer.bias)
+    if kernel == "packed":
+        packed = _packed_weight(layer)
+        if packed is not None:
+            return compat.packed_linear(x2.contiguous(), packed, layer.bias)
+    return torch.nn.functional.linear(x2, layer.weight, layer.bias)
+
+
+def _trial(base: tuple, rows: int, table: dict, layer: nn.Linear, x2: torch.Tensor) -> torch.Tensor:
+    """One measured call of a row count still on trial: the kernel with fewest samples runs, timed in place on the
+    real input with the weight where decoding leaves it (running several on one call would find the weight warm in
+    a cache for the later ones: a 576x576 weight then measured the other way round); once each kernel has its share
+    of :data:`TRIAL_CALLS`, the medians past each one's first call decide and ``table`` keeps the choice. A layer
+    whose weight cannot be packed (before the timer: packing is not the product's cost) leaves ``packed`` out."""
+    kernels = KERNELS if _packed_weight(layer) is not None else KERNELS[:2]
+    samples = _trials.setdefault((base, rows), {})
+    kernel = min(kernels, key=lambda k: len(samples.get(k, ())))
     start = time.perf_counter()
-    out = _transposed(x2, weight, bias) if use_transposed else torch.nn.functional.linear(x2, weight, bias)
-    (transposed if use_transposed else default).append(time.perf_counter() - start)
-    if len(transposed) == TRIAL_CALLS // 2:
-        table[rows] = statistics.median(transposed[1:]) < (1.0 - MIN_GAIN) * statistics.median(default[1:])
+    out = _run(kernel, layer, x2)
+    samples.setdefault(kernel, []).append(time.perf_counter() - start)
+    share = TRIAL_CALLS // len(KERNELS)
+    if all(len(samples.get(k, ())) >= share for k in kernels):
+        medians = {k: statistics.median(t[1:]) for k, t in samples.items() if len(t) >= share}
+        best = min(medians, key=medians.get)
+        table[rows] = best if medians[best] < (1.0 - MIN_GAIN) * medians["F.linear"] else "F.linear"
         del _trials[(base, rows)]
     return out
 
@@ -111,27 +191,38 @@ def _layer_forward(layer: nn.Linear, threads: int):
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        transposed = table.get(rows) if _force is None else _force
-        if transposed is None:  # no choice yet for this row count
-            if 0 < rows <= MAX_ROWS and not torch.is_grad_enabled():
-                calls = seen[rows] = seen.get(rows, 0) + 1
-                if calls <= WARMUP_CALLS:
-                    return linear(x, weight, bias)
-                return _trial(base, rows, table, x.reshape(rows, x.shape[-1]), weight, bias).view(
-                    *x.shape[:-1], weight.shape[0])  # fmt: skip
-        elif transposed and 0 < rows <= MAX_ROWS:
-            return _transposed(x.reshape(rows, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
-        return linear(x, weight, bias)
+        if not 0 < rows <= MAX_ROWS or torch.is_grad_enabled():
+            return linear(x, weight, bias)
+        kernel = table.get(rows) if _force is None else _force
+        if kernel is None:  # no choice yet for this row count
+            calls = seen[rows] = seen.get(rows, 0) + 1
+            if calls <= WARMUP_CALLS:
+                return linear(x, weight, bias)
+            return _trial(base, rows, table, layer, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], weight.shape[0])
+        if kernel == "F.linear":
+            return linear(x, weight, bias)
+        return _run(kernel, layer, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], weight.shape[0])
 
     return forward
+
+
+def _release_unused_packs(layers: list[nn.Linear], threads: int) -> None:
+    """Drop the packed copies of ``layers`` whose shape chose no ``packed`` kernel and has no trial under way."""
+    for layer in layers:
+        if layer not in _packed:
+            continue
+        base = (tuple(layer.weight.shape), layer.weight.dtype, threads)
+        if "packed" not in _tables.get(base, {}).values() and not any(key[0] == base for key in _trials):
+            del _packed[layer]
 
 
 @contextlib.contextmanager
 def few_row_linears(*modules: nn.Module):
     """Within the block, every ``nn.Linear`` of ``modules`` whose weight lives on a CPU runs calls of up to
-    :data:`MAX_ROWS` rows (without autograd) through the kernel measured faster on this machine (module
+    :data:`MAX_ROWS` rows (without autograd) through the kernel measured fastest on this machine (module
     docstring). Modules whose ``forward`` something else already replaced (an accelerate hook, a nested block)
-    are left alone; everything is restored when the block ends."""
+    are left alone; everything is restored when the block ends, and packed weight copies are kept only for the
+    layers whose choice is ``packed``."""
     patched, threads = [], torch.get_num_threads()
     try:
         for module in modules:
@@ -144,3 +235,4 @@ def few_row_linears(*modules: nn.Module):
     finally:
         for layer in patched:
             layer.__dict__.pop("forward", None)
+        _release_unused_packs(patched, threads)

@@ -289,3 +289,22 @@ def test_tree_attention_keeps_cudnn_sdpa_off_on_cuda_and_restores_it():
         assert not torch.backends.cuda.cudnn_sdp_enabled()  # the user's choice stands
     finally:
         torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_computes_f_linear_and_the_version_counts_in_place_changes(dtype):
+    """torch's oneDNN reorder of a linear weight and the product with it (private ops torch's compiler uses), and
+    ``_version``, which tells the few-row kernels when a packed copy is stale."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(24, 16, dtype=dtype), torch.randn(24, dtype=dtype)
+    try:
+        packed = compat.pack_linear_weight(weight)
+    except RuntimeError as error:
+        pytest.skip(f"this torch build cannot pack weights: {error}")
+    x = torch.randn(2, 3, 16, dtype=dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(compat.packed_linear(x, packed, bias), torch.nn.functional.linear(x, weight, bias),
+                               rtol=tolerance, atol=tolerance)  # fmt: skip
+    version = compat.tensor_version(weight)
+    weight.add_(1.0)
+    assert compat.tensor_version(weight) > version

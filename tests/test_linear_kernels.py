@@ -1,6 +1,7 @@
-"""Few-row linear layers (:mod:`hf_spec.linear_kernels`): both kernels compute ``F.linear``; the choice is measured
-in place and kept per row count; the block restores every layer; and hf-spec's greedy output stays plain
-``generate()``'s with either kernel forced, one prompt and a left-padded batch."""
+"""Few-row linear layers (:mod:`hf_spec.linear_kernels`): every kernel computes ``F.linear``; the choice is measured
+in place and kept per row count; the block restores every layer; packed weight copies follow their weight, respect
+the memory share and are dropped where no choice uses them; and hf-spec's greedy output stays plain
+``generate()``'s with each kernel forced, one prompt and a left-padded batch."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from torch import nn
 import hf_spec
 from conftest import make_target, oracle_pair, plain_generate, random_prompt
 from hf_spec import linear_kernels
-from hf_spec.linear_kernels import few_row_linears, forced_kernel, kernel_choices
+from hf_spec.linear_kernels import KERNELS, few_row_linears, forced_kernel, kernel_choices
 from test_batched import pad_left, per_row_expected, prompts_of
 
 
@@ -20,18 +21,67 @@ def fresh_choices(monkeypatch):
     """Each test measures from scratch (the process's tables would otherwise carry choices across tests)."""
     monkeypatch.setattr(linear_kernels, "_tables", {})
     monkeypatch.setattr(linear_kernels, "_trials", {})
+    monkeypatch.setattr(linear_kernels, "_packed", linear_kernels.weakref.WeakKeyDictionary())
 
 
-@pytest.mark.parametrize("transposed", [False, True])
+def packs() -> bool:
+    """Whether this torch build packs float32 weights (oneDNN); the ``packed`` kernel's own tests need it."""
+    try:
+        hf_spec.compat.pack_linear_weight(torch.ones(2, 2))
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("shape", [(1, 48), (3, 48), (2, 5, 48), (1, 1, 48)])
-def test_both_kernels_compute_f_linear(transposed, shape):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_kernel_computes_f_linear(kernel, shape, dtype):
     torch.manual_seed(0)
-    layer = nn.Linear(48, 80, bias=True)
-    x = torch.randn(*shape)
-    with torch.no_grad(), few_row_linears(layer), forced_kernel(transposed):
+    layer = nn.Linear(48, 80, bias=True).to(dtype)
+    x = torch.randn(*shape, dtype=dtype)
+    with torch.no_grad(), few_row_linears(layer), forced_kernel(kernel):
         out = layer(x)
-    assert out.shape == (*shape[:-1], 80) and out.is_contiguous()
-    torch.testing.assert_close(out, nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        strided = layer(torch.randn(*shape[:-1], 96, dtype=dtype)[..., ::2])  # a non-contiguous input
+    assert out.shape == (*shape[:-1], 80) and out.is_contiguous() and out.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, nn.functional.linear(x, layer.weight, layer.bias), rtol=tolerance, atol=tolerance)
+    assert strided.shape == out.shape
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        with forced_kernel(True):
+            pass
+
+
+@pytest.mark.skipif(not packs(), reason="this torch build cannot pack weights (no oneDNN)")
+def test_a_packed_weight_follows_its_weight_and_is_dropped_where_no_choice_uses_it():
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 64, bias=False)
+    x = torch.randn(2, 32)
+    with torch.no_grad(), few_row_linears(layer), forced_kernel("packed"):
+        first = layer(x)
+        packed = linear_kernels._packed[layer][1]
+        assert layer(x) is not None and linear_kernels._packed[layer][1] is packed  # made once, reused
+        layer.weight.mul_(2.0)  # changed in place: the packed copy is stale
+        torch.testing.assert_close(layer(x), 2.0 * first, rtol=1e-5, atol=1e-5)
+        layer.weight = nn.Parameter(torch.randn(64, 32))  # replaced
+        torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+    assert layer not in linear_kernels._packed  # no shape chose `packed` (it was forced): the copy is released
+    linear_kernels._tables[((64, 32), torch.float32, torch.get_num_threads())] = {2: "packed"}
+    with torch.no_grad(), few_row_linears(layer):
+        layer(x)
+    assert linear_kernels._packed[layer][1] is not None  # chosen: kept for the next block
+
+
+def test_packing_stops_at_the_memory_share(monkeypatch):
+    torch.manual_seed(0)
+    small, large = nn.Linear(16, 16, bias=False), nn.Linear(16, 4096, bias=False)
+    monkeypatch.setattr(linear_kernels, "_free_memory", lambda: 3 * 16 * 16 * 4)  # room for the small one only
+    x = torch.randn(1, 16)
+    with torch.no_grad(), few_row_linears(small, large), forced_kernel("packed"):
+        torch.testing.assert_close(large(x), nn.functional.linear(x, large.weight), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(small(x), nn.functional.linear(x, small.weight), rtol=1e-5, atol=1e-5)
+        assert linear_kernels._packed[large][1] is None  # refused, and not asked again while the weight is the same
+        assert (linear_kernels._packed[small][1] is not None) == packs()
 
 
 def test_the_choice_is_measured_per_row_count_then_kept_and_the_block_restores_every_layer():
@@ -44,7 +94,7 @@ def test_the_choice_is_measured_per_row_count_then_kept_and_the_block_restores_e
         model(torch.randn(40, 32))  # above MAX_ROWS: F.linear, nothing measured
         choices = kernel_choices()
     assert set(choices) == {"64x32 float32 1 threads 1 rows", "32x64 float32 1 threads 1 rows"}
-    assert set(choices.values()) <= {"transposed", "F.linear"} and not linear_kernels._trials
+    assert set(choices.values()) <= set(KERNELS) and not linear_kernels._trials
     assert not any("forward" in layer.__dict__ for layer in model)
 
 
@@ -62,23 +112,23 @@ def test_calls_with_autograd_and_layers_patched_by_someone_else_keep_f_linear():
     assert hooked.__dict__["forward"] is own_forward and "forward" not in plain.__dict__
 
 
-@pytest.mark.parametrize("transposed", [False, True])
-def test_greedy_stays_plain_generate_with_either_kernel(family, transposed):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_greedy_stays_plain_generate_with_each_kernel(family, kernel):
     target, drafter = oracle_pair(family)
     prompt = random_prompt(12)
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
-    with forced_kernel(transposed):
+    with forced_kernel(kernel):
         out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, do_sample=False)
     assert torch.equal(out, expected)
     assert drafter.last_generation_stats.tau > 1.5  # the drafts were verified, not skipped
 
 
-@pytest.mark.parametrize("transposed", [False, True])
-def test_batched_greedy_stays_plain_generate_with_either_kernel(transposed):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_batched_greedy_stays_plain_generate_with_each_kernel(kernel):
     target, drafter = oracle_pair("llama")
     prompts = prompts_of()
     input_ids, attention_mask = pad_left(prompts)
-    with forced_kernel(transposed):
+    with forced_kernel(kernel):
         out = target.generate(input_ids, attention_mask=attention_mask, assistant_model=drafter, max_new_tokens=24,
                               do_sample=False)  # fmt: skip
     assert torch.equal(out, per_row_expected(target, prompts, max_new_tokens=24, do_sample=False))
@@ -88,7 +138,7 @@ def test_plain_generate_inside_the_block_gives_the_same_text():
     target = make_target("qwen2")  # q/k/v biases
     prompt = random_prompt(10)
     expected = plain_generate(target, prompt, max_new_tokens=30, do_sample=False)
-    with few_row_linears(target), forced_kernel(True):
+    with few_row_linears(target), forced_kernel("packed"):
         assert "forward" in target.lm_head.__dict__
         out = plain_generate(target, prompt, max_new_tokens=30, do_sample=False)
     assert torch.equal(out, expected)
