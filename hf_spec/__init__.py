@@ -23,6 +23,7 @@ from .drafters import (  # noqa: E402
     SpecDrafterConfig,
     SpecDrafterModel,
 )
+from .attention_kernels import few_query_attention
 from .controller import SpeedController
 from .drafters.auto import AutoDrafter
 from .drafters.session import DraftingSession
@@ -61,6 +62,7 @@ __all__ = [
     "uninstall",
     "speculative_decode",
     "few_row_linears",
+    "few_query_attention",
     "load_packaged_model",
     "packaged_model_path",
     "PACKAGED_MODELS",

@@ -25,6 +25,7 @@ from .controller import SpeedController, controller_for
 from .decoding import PLAIN, Arm, check_batch_supported, decode, is_batched
 from .drafters.base import SpecDrafterModel
 from .hardware import warn_if_emulated_bf16
+from .attention_kernels import few_query_attention
 from .linear_kernels import few_row_linears
 from .shape_select import candidate_options, check_candidates, renamed_options
 from .static_cache import wants_static_cache
@@ -163,9 +164,12 @@ def speculative_decode(
         controller = controller_for(drafter, key, labels, start, ladder_positions(drafter, arms))
     temperature = float(generation_config.temperature or 1.0) if do_sample else 1.0
     _check_streamer(streamer, input_ids)
-    # no key/value-head copies (CPU), no per-shape cuDNN plans (CUDA); on a CPU each few-row linear layer runs the
-    # kernel measured faster (not under a static cache, whose forwards may be compiled)
-    kernels = contextlib.nullcontext() if wants_static_cache(generation_config) else few_row_linears(model, drafter)
+    # no key/value-head copies (CPU), no per-shape cuDNN plans (CUDA); on a CPU each few-row linear layer and each
+    # few-query attention runs the kernel measured fastest (not under a static cache, whose forwards may be compiled)
+    kernels = contextlib.ExitStack()
+    if not wants_static_cache(generation_config):
+        kernels.enter_context(few_row_linears(model, drafter))
+        kernels.enter_context(few_query_attention(model.device))
     with compat.tree_attention(model.device), kernels:
         output, stats = decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                drafter=drafter, arms=arms, controller=controller, do_sample=do_sample,

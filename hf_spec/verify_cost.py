@@ -27,6 +27,7 @@ from typing import Sequence
 import torch
 
 from . import compat
+from .attention_kernels import few_query_attention
 from .cache import crop_to
 from .hardware import cpu_flags, machine_info
 from .linear_kernels import MAX_ROWS, TRIAL_CALLS, WARMUP_CALLS, few_row_linears
@@ -56,7 +57,7 @@ _curves: dict = {}
 @torch.inference_mode()
 def measure_verify_cost(model, sizes: Sequence[int], prefix_length: int = 256, repeats: int = 7, seed: int = 0):
     """``{n: median ms of one target forward of n tree tokens on a cached prefix + the LM head over the n rows}``."""
-    with compat.tree_attention(model.device), few_row_linears(model):  # as hf-spec's decoding verifies
+    with compat.tree_attention(model.device), few_row_linears(model), few_query_attention(model.device):  # as decoding
         return _measure_verify_cost(model, sizes, prefix_length, repeats, seed)
 
 
