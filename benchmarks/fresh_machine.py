@@ -108,8 +108,9 @@ def parse_args():
 
 def build_methods(hf_spec, model, wanted):
     """{name: (generate kwargs, drafter or None)}; drafters loaded fresh from the shipped folders. ``plain_few_row``
-    is plain ``generate()`` inside ``hf_spec.few_row_linears(model)``: the kernel choice every hf-spec method
-    decodes with on a CPU, without any drafting, so the table separates what drafting adds."""
+    is plain ``generate()`` inside ``hf_spec.few_row_linears(model)`` and ``hf_spec.few_query_attention()``: the
+    kernel choices every hf-spec method decodes with on a CPU, without any drafting, so the table separates what
+    drafting adds."""
     folders = {f.name[len(TARGET) + 1:]: f for f in sorted((REPO / "drafters").glob(f"{TARGET}-*"))
                if (f / "config.json").is_file()}  # fmt: skip
     known = ["plain", "plain_few_row", "prompt_lookup", "ngram", *folders]
@@ -218,7 +219,10 @@ def main():
     def run(name, enc, max_new_tokens):
         kwargs, drafter = methods[name]
         start = time.perf_counter()
-        kernels = hf_spec.few_row_linears(model) if name == "plain_few_row" else contextlib.nullcontext()
+        kernels = contextlib.ExitStack()
+        if name == "plain_few_row":
+            kernels.enter_context(hf_spec.few_row_linears(model))
+            kernels.enter_context(hf_spec.few_query_attention())
         with torch.inference_mode(), kernels:
             output = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
         seconds = time.perf_counter() - start

@@ -3,13 +3,14 @@
 - **Worst case**: a randomly initialised drafter (the HASS folder's architecture and shape candidates, its
   weights re-drawn, no n-gram branches: acceptance ~0) through the default controller, against plain greedy
   ``generate()``, interleaved per prompt. The controller must fall back to plain steps and cost little. On a CPU
-  the reference that isolates the controller is plain ``generate()`` inside ``hf_spec.few_row_linears`` (the
-  kernels every hf-spec call decodes with; ``plain_few_row``), timed beside plain.
+  the reference that isolates the controller is plain ``generate()`` inside ``hf_spec.few_row_linears`` and
+  ``hf_spec.few_query_attention`` (the kernels every hf-spec call decodes with; ``plain_few_row``), timed beside
+  plain.
 - **Best case**: an oracle drafter that proposes a chain of the target's own next ``--oracle-depth`` tokens (read
   from a plain greedy run of the same prompt; no drafting cost) through the default controller. Its speed should
   be what its tau predicts: tau tokens per cycle at the cost of one verification of ``depth + 1`` tokens,
   predicted = plain_few_row tokens/s x tau x t(1) / t(depth + 1), with t(k) the timed target forward of k new
-  tokens on a cached prompt (``transformers`` calls inside ``hf_spec.few_row_linears``).
+  tokens on a cached prompt (``transformers`` calls inside the same two blocks).
 
 One process, one fresh controller per drafter (cold: nothing on disk is read). Public API only.
 
@@ -146,7 +147,7 @@ def main(argv=None) -> dict:
         for _ in range(args.repeats):  # best of the repeats: a single run per prompt reads ±5% of noise
             plain, seconds = timed(lambda: target.generate(prompt, **common))
             plain_s = min(plain_s, seconds)
-            with hf_spec.few_row_linears(target):
+            with hf_spec.few_row_linears(target), hf_spec.few_query_attention():
                 few, seconds = timed(lambda: target.generate(prompt, **common))
             few_s = min(few_s, seconds)
             oracle.reference = plain[0]
@@ -168,7 +169,7 @@ def main(argv=None) -> dict:
               f"x{few_s / rand_s:.3f} (plain cycles {r['random_plain_cycles']:.0%}), oracle x{few_s / orac_s:.2f} "
               f"tau {r['oracle_tau']:.2f}", flush=True)  # fmt: skip
 
-    with hf_spec.few_row_linears(target):
+    with hf_spec.few_row_linears(target), hf_spec.few_query_attention():
         t1 = forward_ms(target, prompts[0], 1)
         tk = forward_ms(target, prompts[0], args.oracle_depth + 1)
     total = {k: sum(r[k] for r in rows) for k in ("plain_s", "plain_few_row_s", "random_s", "oracle_s", "new_tokens")}
