@@ -3,7 +3,7 @@
 A decoding step attends one query per head to the whole cache, a tree verification a few. transformers' SDPA
 attention hands torch grouped-query heads as they are (``enable_gqa``, which :func:`hf_spec.compat.tree_attention`
 asks for on a CPU), and torch's CPU flash kernel then works per query head in blocks built for long queries: in bf16
-on a 2-core AMD EPYC (Zen 4, torch 2.13) one query over 700 cached positions took 0.4 ms per layer, 12 ms of a
+on a 2-core AMD EPYC (Zen 4, torch 2.13) one query over 700 cached positions took 0.39 ms per layer, 12 ms of a
 SmolLM2-135M step. Two kernels compute the same attention:
 
 - ``sdpa``: transformers' SDPA attention as it is;
@@ -15,9 +15,9 @@ SmolLM2-135M step. Two kernels compute the same attention:
 So nothing is assumed: within :func:`few_query_attention`, the calls of each query count (up to
 :data:`MAX_QUERIES`) and cache-length bucket (:func:`length_bucket`), after :data:`WARMUP_CALLS`, take turns with
 the kernels, timed in place, and from then on this process runs the fastest (another kernel than ``sdpa`` only when
-it was at least :data:`MIN_GAIN` faster). The kernels differ only in summation order, as a tree verification
+it was at least :data:`MIN_GAIN` faster). The kernels differ at most in summation order, as a tree verification
 already does against a one-token step: greedy output stays that of plain ``generate()`` (the tests run every
-kernel), and sampling is unaffected. Calls the other kernels do not cover (autograd, dropout, soft-capping, sinks,
+kernel), and sampling is unaffected (in bf16 on that EPYC the two gave the same bits). Calls the other kernels do not cover (autograd, dropout, soft-capping, sinks,
 a causal call without a mask, another device) run ``sdpa``.
 """
 
@@ -51,6 +51,7 @@ _tables: dict[tuple, str] = {}
 _trials: dict[tuple, dict[str, list[float]]] = {}
 """The same keys still being measured -> the seconds of their calls so far per kernel."""
 _warmups: dict[tuple, int] = {}
+"""The same keys -> their calls so far while no choice exists (the first :data:`WARMUP_CALLS` are not timed)."""
 _force: str | None = None
 """Tests set this (through :func:`forced_attention`) to run one kernel everywhere."""
 
