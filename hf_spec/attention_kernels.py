@@ -24,13 +24,13 @@ a causal call without a mask, another device) run ``sdpa``.
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .kernel_trials import ForcedKernel, decision, timed_turn
 
 __all__ = ["KERNELS", "MAX_QUERIES", "MIN_GAIN", "TRIAL_CALLS", "WARMUP_CALLS", "attention_choices",
            "few_query_attention", "forced_attention", "length_bucket"]  # fmt: skip
@@ -52,7 +52,7 @@ _trials: dict[tuple, dict[str, list[float]]] = {}
 """The same keys still being measured -> the seconds of their calls so far per kernel."""
 _warmups: dict[tuple, int] = {}
 """The same keys -> their calls so far while no choice exists (the first :data:`WARMUP_CALLS` are not timed)."""
-_force: str | None = None
+_forced = ForcedKernel(KERNELS)
 """Tests set this (through :func:`forced_attention`) to run one kernel everywhere."""
 
 
@@ -68,17 +68,9 @@ def attention_choices() -> dict[str, str]:
             f"<= {k[6]} keys": kernel for k, kernel in sorted(_tables.items(), key=str)}  # fmt: skip
 
 
-@contextlib.contextmanager
 def forced_attention(kernel: str):
-    """Run every covered call with one kernel of :data:`KERNELS` (for tests)."""
-    global _force
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}.")
-    previous, _force = _force, kernel
-    try:
-        yield
-    finally:
-        _force = previous
+    """Run every covered call with one kernel of :data:`KERNELS` (for tests); a context manager."""
+    return _forced(kernel)
 
 
 def _run(kernel: str, module, query, key, value, mask, scaling, kwargs) -> torch.Tensor:
@@ -113,8 +105,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
                                       is_causal=is_causal, **kwargs)  # fmt: skip
     if attention_mask is not None:
         attention_mask = attention_mask[..., : key.shape[2]]
-    if _force is not None:
-        return _run(_force, module, query, key, value, attention_mask, scaling, kwargs), None
+    if _forced.kernel is not None:
+        return _run(_forced.kernel, module, query, key, value, attention_mask, scaling, kwargs), None
     choice_key = (query.dtype, torch.get_num_threads(), query.shape[1], key.shape[1], query.shape[-1], query.shape[2],
                   length_bucket(key.shape[2]))  # fmt: skip
     kernel = _tables.get(choice_key)
@@ -124,15 +116,10 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if seen <= WARMUP_CALLS:
         return _run("sdpa", module, query, key, value, attention_mask, scaling, kwargs), None
     samples = _trials.setdefault(choice_key, {})
-    kernel = min(KERNELS, key=lambda k: len(samples.get(k, ())))
-    start = time.perf_counter()
-    out = _run(kernel, module, query, key, value, attention_mask, scaling, kwargs)
-    samples.setdefault(kernel, []).append(time.perf_counter() - start)
-    share = TRIAL_CALLS // len(KERNELS)
-    if all(len(samples.get(k, ())) >= share for k in KERNELS):
-        medians = {k: statistics.median(t[1:]) for k, t in samples.items()}
-        best = min(medians, key=medians.get)
-        _tables[choice_key] = best if medians[best] < (1.0 - MIN_GAIN) * medians["sdpa"] else "sdpa"
+    out = timed_turn(samples, KERNELS, lambda k: _run(k, module, query, key, value, attention_mask, scaling, kwargs))
+    choice = decision(samples, KERNELS, TRIAL_CALLS // len(KERNELS), "sdpa", MIN_GAIN)
+    if choice is not None:
+        _tables[choice_key] = choice
         del _trials[choice_key]
     return out, None
 

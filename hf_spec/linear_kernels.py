@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
-import time
 import weakref
 
 import torch
 from torch import nn
 
 from . import compat
+from .kernel_trials import ForcedKernel, decision, timed_turn
 
 __all__ = ["KERNELS", "MAX_ROWS", "MIN_GAIN", "PACK_MEMORY_SHARE", "TRIAL_CALLS", "WARMUP_CALLS", "few_row_linears",
            "forced_kernel", "kernel_choices"]  # fmt: skip
@@ -71,7 +70,7 @@ _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 unchanged and some choice of its shape is ``packed`` or still on trial."""
 _unpackable: set[torch.dtype] = set()
 """Dtypes this torch build could not pack (no oneDNN reorder): their layers keep the other two kernels."""
-_force: str | None = None
+_forced = ForcedKernel(KERNELS)
 """Tests set this (through :func:`forced_kernel`) to run one kernel everywhere."""
 
 
@@ -81,18 +80,10 @@ def kernel_choices() -> dict[str, str]:
             for (shape, dtype, threads), table in _tables.items() for rows, kernel in sorted(table.items())}  # fmt: skip
 
 
-@contextlib.contextmanager
 def forced_kernel(kernel: str):
     """Run every few-row call with one kernel of :data:`KERNELS` (for tests: each must give plain ``generate()``'s
-    greedy text; ``packed`` falls back to ``F.linear`` where a weight cannot be packed)."""
-    global _force
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}.")
-    previous, _force = _force, kernel
-    try:
-        yield
-    finally:
-        _force = previous
+    greedy text; ``packed`` falls back to ``F.linear`` where a weight cannot be packed); a context manager."""
+    return _forced(kernel)
 
 
 def _transposed(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -159,22 +150,17 @@ def _run(kernel: str, layer: nn.Linear, x2: torch.Tensor) -> torch.Tensor:
 
 
 def _trial(base: tuple, rows: int, table: dict, layer: nn.Linear, x2: torch.Tensor) -> torch.Tensor:
-    """One measured call of a row count still on trial: the kernel with fewest samples runs, timed in place on the
-    real input with the weight where decoding leaves it (running several on one call would find the weight warm in
-    a cache for the later ones: a 576x576 weight then measured the other way round); once each kernel has its share
-    of :data:`TRIAL_CALLS`, the medians past each one's first call decide and ``table`` keeps the choice. A layer
-    whose weight cannot be packed (before the timer: packing is not the product's cost) leaves ``packed`` out."""
+    """One measured call of a row count still on trial (:func:`hf_spec.kernel_trials.timed_turn`), timed on the real
+    input with the weight where decoding leaves it (running several on one call would find the weight warm in a
+    cache for the later ones: a 576x576 weight then measured the other way round); once each kernel has its share
+    of :data:`TRIAL_CALLS`, ``table`` keeps the choice. A layer whose weight cannot be packed (checked before the
+    timer: packing is not the product's cost) leaves ``packed`` out."""
     kernels = KERNELS if _packed_weight(layer) is not None else KERNELS[:2]
     samples = _trials.setdefault((base, rows), {})
-    kernel = min(kernels, key=lambda k: len(samples.get(k, ())))
-    start = time.perf_counter()
-    out = _run(kernel, layer, x2)
-    samples.setdefault(kernel, []).append(time.perf_counter() - start)
-    share = TRIAL_CALLS // len(KERNELS)
-    if all(len(samples.get(k, ())) >= share for k in kernels):
-        medians = {k: statistics.median(t[1:]) for k, t in samples.items() if len(t) >= share}
-        best = min(medians, key=medians.get)
-        table[rows] = best if medians[best] < (1.0 - MIN_GAIN) * medians["F.linear"] else "F.linear"
+    out = timed_turn(samples, kernels, lambda kernel: _run(kernel, layer, x2))
+    choice = decision(samples, kernels, TRIAL_CALLS // len(KERNELS), "F.linear", MIN_GAIN)
+    if choice is not None:
+        table[rows] = choice
         del _trials[(base, rows)]
     return out
 
@@ -193,7 +179,7 @@ def _layer_forward(layer: nn.Linear, threads: int):
         rows = x.numel() // x.shape[-1]
         if not 0 < rows <= MAX_ROWS or torch.is_grad_enabled():
             return linear(x, weight, bias)
-        kernel = table.get(rows) if _force is None else _force
+        kernel = table.get(rows) if _forced.kernel is None else _forced.kernel
         if kernel is None:  # no choice yet for this row count
             calls = seen[rows] = seen.get(rows, 0) + 1
             if calls <= WARMUP_CALLS:

@@ -146,6 +146,18 @@ def plain_generate(target, input_ids, **kwargs):
         hf_spec.install()
 
 
+def assert_greedy_is_plain_generate(family: str, block) -> None:
+    """Greedy hf-spec decoding of one prompt inside ``block`` (a context manager: a forced kernel) equals plain
+    ``generate()``'s, with the drafts verified (not skipped)."""
+    target, drafter = oracle_pair(family)
+    prompt = random_prompt(12)
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    with block:
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, do_sample=False)
+    assert torch.equal(out, expected)
+    assert drafter.last_generation_stats.tau > 1.5
+
+
 @pytest.fixture(autouse=True)
 def drafting_every_cycle_unless_asked(monkeypatch):
     """Tests exercise what they name: the speed controller (whose choices follow the machine's timings) only where

@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from conftest import make_target, oracle_pair, plain_generate, random_prompt
+from conftest import assert_greedy_is_plain_generate, make_target, random_prompt
 from hf_spec import attention_kernels, compat
 from hf_spec.attention_kernels import KERNELS, attention_choices, few_query_attention, forced_attention, length_bucket
 from hf_spec.tree.tree import additive_mask
-from test_batched import pad_left, per_row_expected, prompts_of
+from test_batched import assert_batched_greedy_is_plain_generate
 
 
 @pytest.fixture(autouse=True)
@@ -100,23 +100,11 @@ def test_calls_with_autograd_run_sdpa_untimed():
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_greedy_stays_plain_generate_with_each_kernel(family, kernel, kernels_run):
-    target, drafter = oracle_pair(family)
-    prompt = random_prompt(12)
-    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
-    with forced_attention(kernel):
-        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, do_sample=False)
-    assert torch.equal(out, expected)
-    assert drafter.last_generation_stats.tau > 1.5  # the drafts were verified, not skipped
+    assert_greedy_is_plain_generate(family, forced_attention(kernel))
     assert set(kernels_run) == {kernel}  # every verification forward went through it
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_batched_greedy_stays_plain_generate_with_each_kernel(kernel, kernels_run):
-    target, drafter = oracle_pair("llama")
-    prompts = prompts_of()
-    input_ids, attention_mask = pad_left(prompts)
-    with forced_attention(kernel):
-        out = target.generate(input_ids, attention_mask=attention_mask, assistant_model=drafter, max_new_tokens=24,
-                              do_sample=False)  # fmt: skip
-    assert torch.equal(out, per_row_expected(target, prompts, max_new_tokens=24, do_sample=False))
+    assert_batched_greedy_is_plain_generate(forced_attention(kernel))
     assert set(kernels_run) == {kernel}

@@ -28,6 +28,18 @@ def pad_left(prompts, pad=PAD):
     return ids, mask
 
 
+def assert_batched_greedy_is_plain_generate(block) -> None:
+    """Greedy hf-spec decoding of a left-padded batch inside ``block`` (a context manager: a forced kernel) equals
+    each row's plain ``generate()``."""
+    target, drafter = oracle_pair("llama")
+    prompts = prompts_of()
+    input_ids, attention_mask = pad_left(prompts)
+    with block:
+        out = target.generate(input_ids, attention_mask=attention_mask, assistant_model=drafter, max_new_tokens=24,
+                              do_sample=False)  # fmt: skip
+    assert torch.equal(out, per_row_expected(target, prompts, max_new_tokens=24, do_sample=False))
+
+
 def per_row_expected(target, prompts, pad=PAD, **kwargs):
     """Each row's plain single-prompt generate(), after the padded prompt, padded with ``pad`` at the end."""
     ids, _ = pad_left(prompts, pad)

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 import hf_spec
-from conftest import make_target, oracle_pair, plain_generate, random_prompt
+from conftest import assert_greedy_is_plain_generate, make_target, plain_generate, random_prompt
 from hf_spec import linear_kernels
 from hf_spec.linear_kernels import KERNELS, few_row_linears, forced_kernel, kernel_choices
-from test_batched import pad_left, per_row_expected, prompts_of
+from test_batched import assert_batched_greedy_is_plain_generate
 
 
 @pytest.fixture(autouse=True)
@@ -114,24 +114,12 @@ def test_calls_with_autograd_and_layers_patched_by_someone_else_keep_f_linear():
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_greedy_stays_plain_generate_with_each_kernel(family, kernel):
-    target, drafter = oracle_pair(family)
-    prompt = random_prompt(12)
-    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
-    with forced_kernel(kernel):
-        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, do_sample=False)
-    assert torch.equal(out, expected)
-    assert drafter.last_generation_stats.tau > 1.5  # the drafts were verified, not skipped
+    assert_greedy_is_plain_generate(family, forced_kernel(kernel))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_batched_greedy_stays_plain_generate_with_each_kernel(kernel):
-    target, drafter = oracle_pair("llama")
-    prompts = prompts_of()
-    input_ids, attention_mask = pad_left(prompts)
-    with forced_kernel(kernel):
-        out = target.generate(input_ids, attention_mask=attention_mask, assistant_model=drafter, max_new_tokens=24,
-                              do_sample=False)  # fmt: skip
-    assert torch.equal(out, per_row_expected(target, prompts, max_new_tokens=24, do_sample=False))
+    assert_batched_greedy_is_plain_generate(forced_kernel(kernel))
 
 
 def test_plain_generate_inside_the_block_gives_the_same_text():
