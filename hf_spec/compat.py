@@ -256,5 +256,6 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 def tensor_version(tensor: torch.Tensor) -> int:
     """torch's in-place modification counter of ``tensor`` (``_version``): a cached copy made from it is stale once
-    this moved."""
-    return tensor._version
+    this moved. -1 for a tensor made under ``torch.inference_mode()``, which keeps no counter (outside that mode it
+    cannot be changed in place)."""
+    return -1 if tensor.is_inference() else tensor._version

@@ -308,3 +308,5 @@ def test_packed_linear_computes_f_linear_and_the_version_counts_in_place_changes
     version = compat.tensor_version(weight)
     weight.add_(1.0)
     assert compat.tensor_version(weight) > version
+    with torch.inference_mode():
+        assert compat.tensor_version(torch.ones(2)) == -1  # no counter: not an error
