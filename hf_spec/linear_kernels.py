@@ -177,8 +177,8 @@ def _layer_forward(layer: nn.Linear, threads: int):
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if not 0 < rows <= MAX_ROWS or torch.is_grad_enabled():
-            return linear(x, weight, bias)
+        if not 0 < rows <= MAX_ROWS or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
+            return linear(x, weight, bias)  # (under autocast F.linear casts; the other kernels would not)
         kernel = table.get(rows) if _forced.kernel is None else _forced.kernel
         if kernel is None:  # no choice yet for this row count
             calls = seen[rows] = seen.get(rows, 0) + 1
@@ -205,7 +205,7 @@ def _release_unused_packs(layers: list[nn.Linear], threads: int) -> None:
 @contextlib.contextmanager
 def few_row_linears(*modules: nn.Module):
     """Within the block, every ``nn.Linear`` of ``modules`` whose weight lives on a CPU runs calls of up to
-    :data:`MAX_ROWS` rows (without autograd) through the kernel measured fastest on this machine (module
+    :data:`MAX_ROWS` rows (without autograd or autocast) through the kernel measured fastest on this machine (module
     docstring). Modules whose ``forward`` something else already replaced (an accelerate hook, a nested block)
     are left alone; everything is restored when the block ends, and packed weight copies are kept only for the
     layers whose choice is ``packed``."""

@@ -72,6 +72,19 @@ def test_a_packed_weight_follows_its_weight_and_is_dropped_where_no_choice_uses_
     assert linear_kernels._packed[layer][1] is not None  # chosen: kept for the next block
 
 
+def test_calls_under_autocast_run_f_linear():
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 48)
+    x = torch.randn(2, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), few_row_linears(layer):
+        expected = nn.functional.linear(x, layer.weight, layer.bias)
+        for kernel in KERNELS:
+            with forced_kernel(kernel):
+                out = layer(x)
+            assert out.dtype == expected.dtype == torch.bfloat16
+            torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+
+
 def test_packing_stops_at_the_memory_share(monkeypatch):
     torch.manual_seed(0)
     small, large = nn.Linear(16, 16, bias=False), nn.Linear(16, 4096, bias=False)
