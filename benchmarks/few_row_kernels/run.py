@@ -1,4 +1,5 @@
-"""Few-row linear products on this CPU: F.linear against W @ x.T, and a plain decoding step with and without
+"""Few-row linear products on this CPU: F.linear against W @ x.T and against the weight packed once for oneDNN
+(torch's own operators, as its compiler freezes linear layers), and a plain decoding step with and without
 hf_spec.few_row_linears (public API only). Writes results.json beside this script, or to --out.
 
     python benchmarks/few_row_kernels/run.py [--out DIR]
@@ -35,18 +36,27 @@ def median_us(fn, repeats: int = 30) -> float:
 
 
 def products(dtype) -> list[dict]:
-    """Per shape and row count, µs of F.linear and of W @ x.T (one row padded to two), over 8 distinct weights
-    (4 for the head) so that no weight stays in a cache."""
+    """Per shape and row count, µs of F.linear, of W @ x.T (one row padded to two) and of the packed weight (None
+    where this torch has no oneDNN reorder), over 8 distinct weights (4 for the head) so that no weight stays in a
+    cache."""
     rows_out = []
     for shape in SHAPES:
         weights = [torch.randn(*shape, dtype=dtype) for _ in range(8 if shape[0] < 10000 else 4)]
+        try:
+            packed_weights = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
+        except (AttributeError, RuntimeError):
+            packed_weights = None
         for rows in ROWS:
             x = torch.randn(rows, shape[1], dtype=dtype)
             x2 = x if rows > 1 else torch.cat([x, torch.zeros_like(x)])
             linear = median_us(lambda: [torch.nn.functional.linear(x, w) for w in weights]) / len(weights)
             transposed = median_us(lambda: [torch.mm(w, x2.t()) for w in weights]) / len(weights)
+            packed = None
+            if packed_weights is not None:
+                packed = round(median_us(lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+                                                  for p in packed_weights]) / len(weights), 1)  # fmt: skip
             rows_out.append({"shape": list(shape), "rows": rows, "f_linear_us": round(linear, 1),
-                             "transposed_us": round(transposed, 1)})  # fmt: skip
+                             "transposed_us": round(transposed, 1), "packed_us": packed})  # fmt: skip
     return rows_out
 
 
