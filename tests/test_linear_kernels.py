@@ -85,6 +85,19 @@ def test_calls_under_autocast_run_f_linear():
             torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.skipif(not packs(), reason="this torch build cannot pack weights (no oneDNN)")
+def test_the_call_that_packs_a_weight_is_not_timed():
+    """Packing reads the weight into a cache: the kernel timed right after would measure less than its cost."""
+    layer = nn.Linear(32, 64, bias=False)
+    key = (((64, 32), torch.float32, torch.get_num_threads()), 1)
+    with torch.no_grad(), few_row_linears(layer):
+        for _ in range(linear_kernels.WARMUP_CALLS + 1):
+            layer(torch.randn(1, 32))
+        assert linear_kernels._packed[layer][1] is not None and key not in linear_kernels._trials
+        layer(torch.randn(1, 32))
+        assert sum(map(len, linear_kernels._trials[key].values())) == 1
+
+
 def test_packing_stops_at_the_memory_share(monkeypatch):
     torch.manual_seed(0)
     small, large = nn.Linear(16, 16, bias=False), nn.Linear(16, 4096, bias=False)
@@ -102,7 +115,7 @@ def test_the_choice_is_measured_per_row_count_then_kept_and_the_block_restores_e
     model = nn.Sequential(nn.Linear(32, 64, bias=False), nn.Linear(64, 32, bias=False))
     with torch.no_grad(), few_row_linears(model):
         assert all("forward" in layer.__dict__ for layer in model)
-        for _ in range(linear_kernels.WARMUP_CALLS + linear_kernels.TRIAL_CALLS):  # every call feeds both layers' trials
+        for _ in range(linear_kernels.WARMUP_CALLS + 1 + linear_kernels.TRIAL_CALLS):  # + the untimed call that packs
             model(torch.randn(1, 32))
         model(torch.randn(40, 32))  # above MAX_ROWS: F.linear, nothing measured
         choices = kernel_choices()
