@@ -17,8 +17,8 @@ So nothing is assumed: within :func:`few_query_attention`, the calls of each que
 the kernels, timed in place, and from then on this process runs the fastest (another kernel than ``sdpa`` only when
 it was at least :data:`MIN_GAIN` faster). The kernels differ at most in summation order, as a tree verification
 already does against a one-token step: greedy output stays that of plain ``generate()`` (the tests run every
-kernel), and sampling is unaffected (in bf16 on that EPYC the two gave the same bits). Calls the other kernels do not cover (autograd, dropout, soft-capping, sinks,
-a causal call without a mask, another device) run ``sdpa``.
+kernel), and sampling is unaffected (in bf16 on that EPYC the two gave the same bits). Calls the other kernels do not
+cover (autograd, dropout, soft-capping, sinks, a causal call without a mask, another device) run ``sdpa``.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def _covered(module, query, key, attention_mask, dropout, kwargs) -> bool:
             and (attention_mask is not None or q == 1)
             and (attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1
                                             and attention_mask.is_floating_point()))
-            and not any(kwargs.get(name) is not None for name in ("softcap", "sinks", "s_aux", "position_bias", "cache"))
+            and not any(kwargs.get(name) is not None
+                        for name in ("softcap", "sinks", "s_aux", "position_bias", "cache"))
             and not kwargs.get("output_attentions", False))  # fmt: skip
 
 

@@ -21,11 +21,11 @@ import torch
 from transformers import GenerationMixin
 
 from . import compat
+from .attention_kernels import few_query_attention
 from .controller import SpeedController, controller_for
 from .decoding import PLAIN, Arm, check_batch_supported, decode, is_batched
 from .drafters.base import SpecDrafterModel
 from .hardware import warn_if_emulated_bf16
-from .attention_kernels import few_query_attention
 from .linear_kernels import few_row_linears
 from .shape_select import candidate_options, check_candidates, renamed_options
 from .static_cache import wants_static_cache
