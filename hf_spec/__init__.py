@@ -23,13 +23,13 @@ from .drafters import (  # noqa: E402
     SpecDrafterConfig,
     SpecDrafterModel,
 )
-from .attention_kernels import few_query_attention
+from .attention_kernels import attention_choices, few_query_attention
 from .controller import SpeedController
 from .drafters.auto import AutoDrafter
 from .drafters.session import DraftingSession
 from .drafters.registry import DRAFTER_CLASSES
 from .generation import install, speculative_decode, uninstall
-from .linear_kernels import few_row_linears
+from .linear_kernels import few_row_linears, kernel_choices
 from .resources import PACKAGED_MODELS, load_packaged_model, packaged_model_path
 from .stats import GenerationStats
 from .tree.dynamic import TreeShape
@@ -63,6 +63,8 @@ __all__ = [
     "speculative_decode",
     "few_row_linears",
     "few_query_attention",
+    "kernel_choices",
+    "attention_choices",
     "load_packaged_model",
     "packaged_model_path",
     "PACKAGED_MODELS",
