@@ -94,7 +94,9 @@ def parse_args():
                    help="target dtype; auto = what `hf-spec demo --dtype auto` picks (bf16 on a CPU with native "
                         "bf16, else float32)")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=128, help="greedy tokens per generation (default 128)")
-    p.add_argument("--repeats", type=int, default=2, help="timed runs per prompt and method, fastest kept (default 2)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed runs per prompt and method, fastest kept (default 3: a shared machine has slow spells "
+                        "of seconds, and both of two runs of a method can meet one)")  # fmt: skip
     p.add_argument("--methods", default=None,
                    help="comma-separated subset of plain,plain_few_row,prompt_lookup,ngram,eagle,hass,coral,"
                         "parallelspec (default all; plain is always run: it is the reference)")  # fmt: skip
@@ -276,6 +278,7 @@ def main():
         root = os.environ["HF_SPEC_CACHE"]
         info["cache_written"] = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root)
                                        for f in files)  # os.walk does not follow the models/ link
+    info["kernel_choices"] = {"linear": hf_spec.kernel_choices(), "attention": hf_spec.attention_choices()}
     record = {"command": command, "date": stamp.isoformat(), "machine": info, "target": TARGET,
               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "methods": names,
               "warmup_seconds": warmup, "summary": summary, "prompts": results}  # fmt: skip
