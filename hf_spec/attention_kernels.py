@@ -12,25 +12,27 @@ SmolLM2-135M step. Two kernels compute the same attention:
   head over more rows (what transformers itself does for one query with a mask). On that EPYC in bf16 one query
   over 700 positions took 79 us instead of 388, with the same bits; from 8 queries on the two are close.
 
-So nothing is assumed: within :func:`few_query_attention`, the calls of each query count (up to
-:data:`MAX_QUERIES`) and cache-length bucket (:func:`length_bucket`), after :data:`WARMUP_CALLS`, take turns with
-the kernels, timed in place, and from then on this process runs the fastest (another kernel than ``sdpa`` only when
-it was at least :data:`MIN_GAIN` faster). The kernels differ at most in summation order, as a tree verification
-already does against a one-token step: greedy output stays that of plain ``generate()`` (the tests run every
-kernel), and sampling is unaffected (in bf16 on that EPYC the two gave the same bits). Calls the other kernels do not
-cover (autograd, dropout, soft-capping, sinks, a causal call without a mask, another device) run ``sdpa``.
+So nothing is assumed: within :func:`few_query_attention`, the calls of each query count (up to :data:`MAX_QUERIES`) and
+cache-length bucket (:func:`length_bucket`), after :data:`WARMUP_CALLS`, take turns with the kernels, timed in place,
+and from then on this process runs the fastest (another kernel than ``sdpa`` only when it was at least :data:`MIN_GAIN`
+faster) until the choice is measured again (:mod:`hf_spec.kernel_trials`). The kernels differ at most in summation
+order, as a tree verification already does against a one-token step: greedy output stays that of plain ``generate()``
+(the tests run every kernel), and sampling is unaffected (in bf16 on that EPYC the two gave the same bits). Calls the
+other kernels do not cover (autograd, dropout, soft-capping, sinks, a causal call without a mask, another device) run
+``sdpa``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .kernel_trials import ForcedKernel, decision, timed_turn
+from .kernel_trials import ForcedKernel, decision, expired, timed_turn
 
 __all__ = ["KERNELS", "MAX_QUERIES", "MIN_GAIN", "TRIAL_CALLS", "WARMUP_CALLS", "attention_choices",
            "few_query_attention", "forced_attention", "length_bucket"]  # fmt: skip
@@ -50,6 +52,9 @@ _tables: dict[tuple, str] = {}
 """(dtype, threads, heads, key/value heads, head dim, queries, length bucket) -> the kernel chosen, for this process."""
 _trials: dict[tuple, dict[str, list[float]]] = {}
 """The same keys still being measured -> the seconds of their calls so far per kernel."""
+_made: dict[tuple, float] = {}
+"""The same keys chosen -> when (``time.perf_counter()``): measured again once
+:data:`hf_spec.kernel_trials.RECHECK_SECONDS` old."""
 _warmups: dict[tuple, int] = {}
 """The same keys -> their calls so far while no choice exists (the first :data:`WARMUP_CALLS` are not timed)."""
 _forced = ForcedKernel(KERNELS)
@@ -120,7 +125,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     out = timed_turn(samples, KERNELS, lambda k: _run(k, module, query, key, value, attention_mask, scaling, kwargs))
     choice = decision(samples, KERNELS, TRIAL_CALLS // len(KERNELS), "sdpa", MIN_GAIN)
     if choice is not None:
-        _tables[choice_key] = choice
+        _tables[choice_key], _made[choice_key] = choice, time.perf_counter()
         del _trials[choice_key]
     return out, None
 
@@ -133,6 +138,8 @@ def few_query_attention(device: torch.device | str = "cpu"):
     if torch.device(device).type != "cpu":
         yield
         return
+    for key in expired(_made):  # measured again from this block's calls on
+        _tables.pop(key, None)
     previous = ALL_ATTENTION_FUNCTIONS.get("sdpa", sdpa_attention_forward)
     AttentionInterface.register("sdpa", _attention)
     try:

@@ -4,8 +4,10 @@
 Calls of one kind (a weight shape and row count; a query count and cache length) take turns with the kernels, each
 timed on its real input where decoding leaves the data; once each kernel has its share of calls, the medians past
 each one's first call decide, and another kernel than the default wins only by a margin (a close call keeps the
-default: the choice is kept for the process). This module is at the bottom of the house: it imports nothing of
-hf_spec.
+default). A choice is kept until it is :data:`RECHECK_SECONDS` old; the next block then measures it again
+(:func:`expired`): a machine's speed and load drift, and a trial can meet a slow spell (another process on one of two
+cores slows a kernel that uses both more than one that uses one), so no choice is final. This module is at the
+bottom of the house: it imports nothing of hf_spec.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import statistics
 import time
 from typing import Callable
 
-__all__ = ["ForcedKernel", "decision", "timed_turn"]
+__all__ = ["RECHECK_SECONDS", "ForcedKernel", "decision", "expired", "timed_turn"]
+
+RECHECK_SECONDS = 120.0
+"""Age at which a choice goes on trial again, when the next block starts."""
 
 
 def timed_turn(samples: dict[str, list[float]], kernels: tuple[str, ...], run: Callable[[str], object]):
@@ -38,6 +43,16 @@ def decision(samples: dict[str, list[float]], kernels: tuple[str, ...], share: i
     medians = {k: statistics.median(t[1:]) for k, t in samples.items() if len(t) >= share}
     best = min(medians, key=medians.get)
     return best if medians[best] < (1.0 - min_gain) * medians[default] else default
+
+
+def expired(made: dict, now: float | None = None) -> list:
+    """The keys of ``made`` (key -> the ``time.perf_counter()`` its choice was made) older than
+    :data:`RECHECK_SECONDS`, removed from ``made``."""
+    now = time.perf_counter() if now is None else now
+    old = [key for key, at in made.items() if now - at > RECHECK_SECONDS]
+    for key in old:
+        del made[key]
+    return old
 
 
 class ForcedKernel:

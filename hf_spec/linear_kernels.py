@@ -15,15 +15,15 @@ and in bf16 to oneDNN, which reorders the weight into its blocked layout on ever
   to 34, with the same bits as ``F.linear``. The copy costs the weight's memory again; packing stops before packed
   copies would take more than :data:`PACK_MEMORY_SHARE` of the memory that was free.
 
-Products timed in isolation, weights warm in a cache, can rank the kernels the other way. So nothing here is
-assumed: within :func:`few_row_linears`, the calls with each row count (up to :data:`MAX_ROWS`) of each weight shape,
-after each layer's first :data:`WARMUP_CALLS`, take turns with the kernels, timed in place on their real inputs, and
-from then on this process runs the fastest (another kernel than ``F.linear`` only when it was at least
-:data:`MIN_GAIN` faster). Choices are per weight shape, dtype, thread count and row count: a model's 30 layers of one
-shape settle one within a forward or two, its LM head (one call per forward) within :data:`TRIAL_CALLS` forwards.
-The kernels compute the same products, at most in another summation order, as a tree verification already does
-against a one-token step: greedy output stays that of plain ``generate()`` (the tests run every kernel), and
-sampling is unaffected.
+Products timed in isolation, weights warm in a cache, can rank the kernels the other way. So nothing here is assumed:
+within :func:`few_row_linears`, the calls with each row count (up to :data:`MAX_ROWS`) of each weight shape, after each
+layer's first :data:`WARMUP_CALLS`, take turns with the kernels, timed in place on their real inputs, and from then on
+this process runs the fastest (another kernel than ``F.linear`` only when it was at least :data:`MIN_GAIN` faster) until
+the choice is :data:`~hf_spec.kernel_trials.RECHECK_SECONDS` old and measured again. Choices are per weight shape,
+dtype, thread count and row count: a model's 30 layers of one shape settle one within a forward or two, its LM head (one
+call per forward) within :data:`TRIAL_CALLS` forwards. The kernels compute the same products, at most in another
+summation order, as a tree verification already does against a one-token step: greedy output stays that of plain
+``generate()`` (the tests run every kernel), and sampling is unaffected.
 
 hf-spec's decoding and its verification-cost curve run inside it on a CPU; it is public because it speeds up a
 plain ``generate()`` just as well (``with hf_spec.few_row_linears(model): model.generate(...)``).
@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import weakref
 
 import torch
 from torch import nn
 
 from . import compat
-from .kernel_trials import ForcedKernel, decision, timed_turn
+from .kernel_trials import ForcedKernel, decision, expired, timed_turn
 
 __all__ = ["KERNELS", "MAX_ROWS", "MIN_GAIN", "PACK_MEMORY_SHARE", "TRIAL_CALLS", "WARMUP_CALLS", "few_row_linears",
            "forced_kernel", "kernel_choices"]  # fmt: skip
@@ -65,6 +66,9 @@ _tables: dict[tuple, dict[int, str]] = {}
 """(weight shape, dtype, threads) -> {rows: the kernel chosen}, for this process."""
 _trials: dict[tuple, dict[str, list[float]]] = {}
 """((weight shape, dtype, threads), rows) still being measured -> the seconds of their calls so far per kernel."""
+_made: dict[tuple, float] = {}
+"""((weight shape, dtype, threads), rows) chosen -> when (``time.perf_counter()``): measured again once
+:data:`hf_spec.kernel_trials.RECHECK_SECONDS` old."""
 _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """Layer -> (what its weight was when packed, the packed copy, its bytes): reused across blocks while the weight is
 unchanged and some choice of its shape is ``packed`` or still on trial."""
@@ -167,7 +171,7 @@ def _trial(base: tuple, rows: int, table: dict, layer: nn.Linear, x2: torch.Tens
     out = timed_turn(samples, kernels, lambda kernel: _run(kernel, layer, x2))
     choice = decision(samples, kernels, TRIAL_CALLS // len(KERNELS), "F.linear", MIN_GAIN)
     if choice is not None:
-        table[rows] = choice
+        table[rows], _made[(base, rows)] = choice, time.perf_counter()
         del _trials[(base, rows)]
     return out
 
@@ -217,6 +221,8 @@ def few_row_linears(*modules: nn.Module):
     are left alone; everything is restored when the block ends, and packed weight copies are kept only for the
     layers whose choice is ``packed``."""
     patched, threads = [], torch.get_num_threads()
+    for base, rows in expired(_made):  # measured again from this block's calls on
+        _tables.get(base, {}).pop(rows, None)
     try:
         for module in modules:
             for layer in module.modules():

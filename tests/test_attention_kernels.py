@@ -20,6 +20,7 @@ from test_batched import assert_batched_greedy_is_plain_generate
 def fresh_choices(monkeypatch):
     monkeypatch.setattr(attention_kernels, "_tables", {})
     monkeypatch.setattr(attention_kernels, "_trials", {})
+    monkeypatch.setattr(attention_kernels, "_made", {})
     monkeypatch.setattr(attention_kernels, "_warmups", {})
 
 

@@ -21,6 +21,7 @@ def fresh_choices(monkeypatch):
     """Each test measures from scratch (the process's tables would otherwise carry choices across tests)."""
     monkeypatch.setattr(linear_kernels, "_tables", {})
     monkeypatch.setattr(linear_kernels, "_trials", {})
+    monkeypatch.setattr(linear_kernels, "_made", {})
     monkeypatch.setattr(linear_kernels, "_packed", linear_kernels.weakref.WeakKeyDictionary())
 
 

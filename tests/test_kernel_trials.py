@@ -1,0 +1,58 @@
+"""No kernel choice is final (:mod:`hf_spec.kernel_trials`): a choice older than ``RECHECK_SECONDS`` goes on trial
+again when the next block starts, in the linear layers' block as in the attention's, and the trial then chooses
+anew from that block's calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hf_spec import attention_kernels, linear_kernels
+from hf_spec.kernel_trials import RECHECK_SECONDS, decision, expired
+
+
+@pytest.fixture(autouse=True)
+def fresh_choices(monkeypatch):
+    for module in (linear_kernels, attention_kernels):
+        for name in ("_tables", "_trials", "_made"):
+            monkeypatch.setattr(module, name, {})
+    monkeypatch.setattr(attention_kernels, "_warmups", {})
+
+
+def test_expired_takes_out_the_choices_older_than_the_recheck_age():
+    made = {"old": 0.0, "new": RECHECK_SECONDS}
+    assert expired(made, now=RECHECK_SECONDS + 1.0) == ["old"] and made == {"new": RECHECK_SECONDS}
+    assert decision({"a": [9, 1, 1], "b": [9, 2, 2]}, ("a", "b"), 3, "b", 0.1) == "a"  # 2x faster: a
+    assert decision({"a": [9, 1.0, 1.0], "b": [9, 1.05, 1.05]}, ("a", "b"), 3, "b", 0.1) == "b"  # close: the default
+    assert decision({"a": [9, 1, 1], "b": [9, 2]}, ("a", "b"), 3, "b", 0.1) is None  # b lacks its share
+
+
+def test_an_old_linear_choice_is_measured_again_in_the_next_block():
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 8, bias=False)
+    base = ((8, 16), torch.float32, torch.get_num_threads())
+    with torch.no_grad(), linear_kernels.few_row_linears(layer):
+        for _ in range(linear_kernels.WARMUP_CALLS + 1 + linear_kernels.TRIAL_CALLS):  # + the untimed call that packs
+            layer(torch.randn(1, 16))
+            layer(torch.randn(2, 16))
+    assert set(linear_kernels._tables[base]) == {1, 2} and not linear_kernels._trials
+    linear_kernels._made[(base, 1)] -= RECHECK_SECONDS + 1.0  # the 1-row choice is old, the 2-row one is not
+    with torch.no_grad(), linear_kernels.few_row_linears(layer):
+        assert set(linear_kernels._tables[base]) == {2} and (base, 1) not in linear_kernels._made
+        for _ in range(linear_kernels.WARMUP_CALLS + 2):  # (a call may pack the weight again: untimed)
+            x = torch.randn(1, 16)
+            torch.testing.assert_close(layer(x), x @ layer.weight.t())
+        assert (base, 1) in linear_kernels._trials  # on trial again
+        for _ in range(linear_kernels.TRIAL_CALLS):
+            layer(torch.randn(1, 16))
+    assert set(linear_kernels._tables[base]) == {1, 2} and (base, 1) in linear_kernels._made
+
+
+def test_an_old_attention_choice_is_measured_again_in_the_next_block():
+    key = (torch.float32, 1, 4, 2, 16, 3, 128)
+    attention_kernels._tables[key], attention_kernels._made[key] = "grouped", 0.0
+    fresh = (torch.float32, 1, 4, 2, 16, 1, 128)
+    attention_kernels._tables[fresh], attention_kernels._made[fresh] = "sdpa", float("inf")
+    with attention_kernels.few_query_attention():
+        assert attention_kernels._tables == {fresh: "sdpa"} and key not in attention_kernels._made
