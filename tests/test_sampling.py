@@ -24,6 +24,8 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 import hf_spec
 from conftest import make_target, random_prompt, train_drafter_on_outputs
+from hf_spec.attention_kernels import forced_attention
+from hf_spec.linear_kernels import forced_kernel
 
 VOCAB = 16
 NEW_TOKENS = 3
@@ -156,6 +158,19 @@ def test_sampled_distribution_equals_target(kind, shape, warp, rows):
     assert p_value > P_VALUE_FLOOR, (p_value, tau)
     if kind == "trained":
         assert tau > 1.5  # drafts are really accepted, so the accept path is exercised
+
+
+@pytest.mark.parametrize("linear_kernel", ["transposed", "packed"])
+def test_sampled_distribution_equals_target_with_the_other_kernels_forced(linear_kernel):
+    """The CPU kernels the trials may choose instead of ``F.linear`` and SDPA (:mod:`hf_spec.linear_kernels`,
+    :mod:`hf_spec.attention_kernels`) keep the sampled law exact: every few-row product and few-query attention of
+    the target and the drafter runs the forced kernel."""
+    target, drafter = tiny_pair("trained")
+    prompt = random_prompt(length=6, vocab_size=VOCAB, seed=11)
+    with forced_kernel(linear_kernel), forced_attention("grouped"):
+        p_value, tau = sampled_law_p_value(target, prompt, drafter, dict(temperature=1.0), tree_depth=4, tree_top_k=4,
+                                           tree_total_tokens=12)  # fmt: skip
+    assert p_value > P_VALUE_FLOOR and tau > 1.5, (p_value, tau)
 
 
 def test_a_slightly_wrong_sampler_is_rejected(monkeypatch):
