@@ -23,6 +23,9 @@ def fresh_choices(monkeypatch):
 def test_expired_takes_out_the_choices_older_than_the_recheck_age():
     made = {"old": 0.0, "new": RECHECK_SECONDS}
     assert expired(made, now=RECHECK_SECONDS + 1.0) == ["old"] and made == {"new": RECHECK_SECONDS}
+
+
+def test_a_decision_waits_for_every_share_and_keeps_the_default_on_a_close_call():
     assert decision({"a": [9, 1, 1], "b": [9, 2, 2]}, ("a", "b"), 3, "b", 0.1) == "a"  # 2x faster: a
     assert decision({"a": [9, 1.0, 1.0], "b": [9, 1.05, 1.05]}, ("a", "b"), 3, "b", 0.1) == "b"  # close: the default
     assert decision({"a": [9, 1, 1], "b": [9, 2]}, ("a", "b"), 3, "b", 0.1) is None  # b lacks its share
