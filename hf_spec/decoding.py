@@ -76,7 +76,7 @@ def new_session(drafter, model, shape, do_sample: bool, temperature: float, prom
     drafter's trees (:mod:`hf_spec.drafters.hybrid`, whatever the family)."""
     session = drafter.new_drafting_session(model, shape, do_sample, temperature, prompt_ids=prompt_ids)
     if session.wants_verify_costs and model is not None:  # an n-gram session sized by this machine's costs
-        session.use_verify_costs(verify_cost.verify_cost_curve(model))
+        session.use_verify_costs(verify_cost.verify_costs(model).curve())
     if use_router is not None:
         if use_router and not session.supports_router:
             raise ValueError(
@@ -590,6 +590,7 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     if controller is not None:
         controller.start_call()
     arm_index, cycle_start, committed = 0, None, 0
+    costs = None  # the target's live verification costs, once a drafter has asked for them (verify_cost)
 
     while True:
         # Emit: the last cycle's tokens join each row's sequence; stop checks.
@@ -621,9 +622,14 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
         trees = [row.drafting.propose(arm_index, arm, row.pending_features, row.pending_tokens) for row in active]
 
         # Verify: one target forward and one LM-head matmul for all rows, then each row's walk.
+        verify_start = time.perf_counter()
         row_logits = layout.verify(target, trees)
         stats.verify_forwards += 1
-        walks = call.walk(active, trees, row_logits)
+        walks = call.walk(active, trees, row_logits)  # reads the logits: the forward is done, on any device
+        if one_row:  # what this tree size costs as decoding runs it, for the drafters that size trees by it
+            costs = costs or verify_cost.live_verify_costs(model)
+            if costs is not None:
+                costs.observe(len(trees[0]), 1000.0 * (time.perf_counter() - verify_start))
 
         # Commit: the accepted path (root first) is the next cycle's pending pairs; the cache keeps it.
         accepted = []

@@ -6,9 +6,16 @@ one matmul), median of repeats, for each ``n`` asked for.
 
 :func:`verify_cost_curve` is that curve for a target at :data:`VERIFY_CURVE_SIZES`, measured once (a few seconds
 on a CPU) and cached in this process and in ``$HF_SPEC_CACHE/verify_costs/``. It depends on the machine, threads,
-device, dtype and the target's shape, not on any drafter: drafters that size their trees per cycle
-(:class:`~hf_spec.NGramDrafter`, the n-gram cost gate) weigh a node's acceptance against it, and ``hf-spec tune``
-predicts shapes with it.
+device, dtype and the target's shape, not on any drafter. ``hf-spec tune`` predicts shapes with it.
+
+Decoding uses it only as a prior: :func:`verify_costs` is the process's :class:`VerifyCosts` for a target, the curve
+corrected by the decoding loop's own measured verifications (each one-row cycle reports its tree size and wall
+time). Drafters that size their trees per cycle (:class:`~hf_spec.NGramDrafter`, the n-gram branches and cost gate
+of the trained drafters) weigh a node's acceptance against its :meth:`VerifyCosts.curve` when a call starts. Why:
+a few seconds of timing in a drifting machine, once per process, gave curves whose node costs differed enough that
+one process grafted no n-gram nodes into EAGLE's two-token trees and another grafted four; and a forward timed
+apart from decoding is not what decoding pays (on a 2-core EPYC in float32, 6 tree tokens cost 1.6x a plain step
+inside ``generate()``).
 
 The bottom of the house: this module imports only compat, cache, tree, timing, resources, hardware and the pure
 curve helpers of :mod:`hf_spec.shape_select` — never a drafter, the decoding loop or the bench.
@@ -19,8 +26,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import statistics
+import weakref
 from pathlib import Path
 from typing import Sequence
 
@@ -32,19 +41,20 @@ from .cache import crop_to
 from .hardware import cpu_flags, machine_info
 from .linear_kernels import MAX_ROWS, TRIAL_CALLS, WARMUP_CALLS, few_row_linears
 from .resources import cache_dir
-from .shape_select import non_decreasing
+from .shape_select import interpolate_cost, non_decreasing
 from .timing import timed
 from .tree.tree import DraftTree
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CACHE_FORMAT", "VERIFY_CURVE_SIZES", "measure_verify_cost", "verify_cost_curve"]
+__all__ = ["CACHE_FORMAT", "VERIFY_CURVE_SIZES", "VerifyCosts", "live_verify_costs", "measure_verify_cost",
+           "verify_cost_curve", "verify_costs"]
 
-CACHE_FORMAT = 5
+CACHE_FORMAT = 6
 """Version of a cached curve's JSON (2: 7 timed rounds on a 256-token prefix, made non-decreasing; 3: verification
 timed as decoding now runs it on a CPU, masked GQA attention without repeated key/value heads; 4: every size from 1
-to 6 timed; 5: linear layers through :func:`~hf_spec.linear_kernels.few_row_linears`, as decoding runs them). A
-cached curve of another format is measured again."""
+to 6 timed; 5: linear layers through :func:`~hf_spec.linear_kernels.few_row_linears`, as decoding runs them; 6: one token
+timed as decoding's plain step, without a tree mask). A cached curve of another format is measured again."""
 VERIFY_CURVE_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 """Tree sizes whose verification cost :func:`verify_cost_curve` measures: every small size, because the cost of a
 few-token forward is a step function, not a line (a CPU's float32 GEMM changes kernels at a few rows: on a 2-core
@@ -56,7 +66,9 @@ _curves: dict = {}
 
 @torch.inference_mode()
 def measure_verify_cost(model, sizes: Sequence[int], prefix_length: int = 256, repeats: int = 7, seed: int = 0):
-    """``{n: median ms of one target forward of n tree tokens on a cached prefix + the LM head over the n rows}``."""
+    """``{n: ms of one target forward of n tree tokens on a cached prefix + the LM head over the n rows}``: the
+    sizes are timed in turns, ``repeats`` rounds; when 1 is among ``sizes``, each size is the median of its ratio
+    to one token in the same round times one token's median, else its own median."""
     with compat.tree_attention(model.device), few_row_linears(model), few_query_attention(model.device):  # as decoding
         return _measure_verify_cost(model, sizes, prefix_length, repeats, seed)
 
@@ -84,8 +96,12 @@ def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeat
             tree = trees[n]
 
             def verify():
-                out = base(input_ids=tree.tokens.view(1, -1), attention_mask=tree.attention_mask(prefix_length, model.dtype, window),
-                           position_ids=tree.position_ids(prefix_length), past_key_values=cache, use_cache=True)  # fmt: skip
+                if len(tree) == 1:  # as decoding runs a lone root: the plain step, no tree mask
+                    out = base(input_ids=tree.tokens.view(1, -1), past_key_values=cache, use_cache=True)
+                else:
+                    out = base(input_ids=tree.tokens.view(1, -1), past_key_values=cache, use_cache=True,
+                               attention_mask=tree.attention_mask(prefix_length, model.dtype, window),
+                               position_ids=tree.position_ids(prefix_length))  # fmt: skip
                 hidden = out.last_hidden_state[0]
                 return hidden, head(hidden).float()
 
@@ -96,7 +112,13 @@ def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeat
             elif r == 0 and few_row and n <= MAX_ROWS:
                 for _ in range(TRIAL_CALLS):
                     head(hidden)
-    return {n: statistics.median(v) for n, v in samples.items()}
+    if 1 not in samples:
+        return {n: statistics.median(v) for n, v in samples.items()}
+    # Each size against one token in the same round, then the median: a slow spell of the machine slows a round's
+    # sizes alike, and a spell over some rounds would otherwise bend the curve (one process read 3 tokens at the
+    # price of 1 and another at 1.35x, on the same machine).
+    step = statistics.median(samples[1])
+    return {n: step * statistics.median(t / one for t, one in zip(v, samples[1])) for n, v in samples.items()}
 
 
 def verify_cost_curve(model) -> dict[int, float]:
@@ -116,6 +138,91 @@ def verify_cost_curve(model) -> dict[int, float]:
         _write_cached(path, {"format": CACHE_FORMAT, "key": key, "verify_ms": {str(n): ms for n, ms in curve.items()}})
     _curves[key] = curve
     return curve
+
+
+class VerifyCosts:
+    """One target's verification costs in this process: a ``prior`` curve ``{n: ms}`` (:func:`verify_cost_curve`)
+    corrected by measured verifications (:meth:`observe`, from the decoding loop).
+
+    Each tree size's measurements are a discounted mean (half-life :attr:`HALF_LIFE` observations of any size, so
+    an old one fades whether or not its size comes again: the machine drifts). :meth:`curve` is the measured mean
+    where a size has :attr:`MIN_WEIGHT` of them; elsewhere the prior, scaled by the measured-over-prior ratio of
+    the nearest measured sizes (interpolated in log size): the prior's shape, at the level decoding pays."""
+
+    HALF_LIFE = 256.0
+    MIN_WEIGHT = 3.0
+    OUTLIER = 3.0
+    """A measurement counts at most this many times its size's mean (one stall must not price a size)."""
+
+    def __init__(self, prior: dict[int, float]):
+        if not prior:
+            raise ValueError("VerifyCosts needs a prior curve with at least one size.")
+        self.prior = {int(n): float(ms) for n, ms in prior.items()}
+        self._sums: dict[int, list[float]] = {}  # n -> [discounted ms, discounted count]
+        self._decay = 0.5 ** (1.0 / self.HALF_LIFE)
+        self.observations = 0
+
+    def observe(self, n: int, ms: float) -> None:
+        """One verification of ``n`` tree tokens took ``ms`` milliseconds (wall, as decoding ran it)."""
+        for sums in self._sums.values():
+            sums[0] *= self._decay
+            sums[1] *= self._decay
+        sums = self._sums.setdefault(int(n), [0.0, 0.0])
+        if sums[1] >= 1.0:
+            ms = min(ms, self.OUTLIER * sums[0] / sums[1])
+        sums[0] += ms
+        sums[1] += 1.0
+        self.observations += 1
+
+    def measured(self) -> dict[int, float]:
+        """``{n: mean ms}`` of the sizes with :attr:`MIN_WEIGHT` of recent measurements."""
+        return {n: total / count for n, (total, count) in sorted(self._sums.items()) if count >= self.MIN_WEIGHT}
+
+    def curve(self) -> dict[int, float]:
+        """The current curve ``{n: ms}`` (the prior's sizes and the measured ones), made non-decreasing."""
+        measured = self.measured()
+        if not measured:
+            return non_decreasing(self.prior)
+        ratios = sorted((math.log(n), ms / interpolate_cost(self.prior, n)) for n, ms in measured.items())
+
+        def ratio(n: int) -> float:
+            x = math.log(n)
+            if x <= ratios[0][0]:
+                return ratios[0][1]
+            for (x0, r0), (x1, r1) in zip(ratios, ratios[1:]):
+                if x <= x1:
+                    return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
+            return ratios[-1][1]
+
+        curve = {n: ms * ratio(n) for n, ms in self.prior.items()}
+        curve.update(measured)
+        return non_decreasing(curve)
+
+
+_live: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""model -> {(dtype, device, threads): VerifyCosts}."""
+
+
+def _live_key(model) -> tuple:
+    return (model.dtype, str(model.device), torch.get_num_threads())
+
+
+def verify_costs(model) -> VerifyCosts:
+    """The process's :class:`VerifyCosts` for ``model`` (per dtype, device and threads), created on first use with
+    :func:`verify_cost_curve` as its prior (a new one when that prior changed)."""
+    prior = verify_cost_curve(model)
+    mine = _live.setdefault(model, {})
+    costs = mine.get(_live_key(model))
+    if costs is None or costs.prior != {int(n): float(ms) for n, ms in prior.items()}:
+        costs = mine[_live_key(model)] = VerifyCosts(prior)
+    return costs
+
+
+def live_verify_costs(model) -> VerifyCosts | None:
+    """The :class:`VerifyCosts` of ``model`` if a drafter has asked for them in this process (else None: nothing
+    to correct, and no curve is measured for it)."""
+    mine = _live.get(model)
+    return None if mine is None else mine.get(_live_key(model))
 
 
 def _machine_and_target(model) -> dict:

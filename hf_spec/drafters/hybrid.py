@@ -36,14 +36,15 @@ with the same target starts from what the last one measured (:meth:`CycleGate.ca
 
 def cycle_gate_for(drafter, target, max_nodes: int) -> CycleGate:
     """The cost gate of a new session of ``drafter`` on ``target``: the last session's, carried over, when it had
-    the same target (same object, dtype and device); else a new one on the target's measured verification costs
-    (:func:`hf_spec.verify_cost.verify_cost_curve`)."""
+    the same target (same object, dtype and device); else a new one. Either way on the target's verification costs
+    as this process measures them now (:func:`hf_spec.verify_cost.verify_costs`)."""
     key = (target.dtype, target.device)
     last = _GATES.get(drafter)
+    curve = verify_cost.verify_costs(target).curve()
     if last is not None and last[0]() is target and last[1] == key:
-        gate = last[2].carried_over()
+        gate = last[2].carried_over(curve)
     else:
-        gate = CycleGate(verify_cost.verify_cost_curve(target), max_nodes)
+        gate = CycleGate(curve, max_nodes)
     _GATES[drafter] = (weakref.ref(target), key, gate)  # the session updates the gate in place
     return gate
 

@@ -108,9 +108,8 @@ class CycleGate:
     this many cycles (and the drafting time as at most this many drafted cycles), so it keeps adapting."""
 
     def __init__(self, verify_ms: dict[int, float], max_nodes: int, prior_gain: float = 1.0):
-        self.node_costs = relative_node_costs(verify_ms, max_nodes)
-        self._cost_curve = dict(enumerate(self.node_costs))  # relative cost by node count, for interpolate_cost
-        self.step_ms = interpolate_cost(verify_ms, 1)
+        self.max_nodes = max_nodes
+        self._use_costs(verify_ms)
         self.prior_gain = prior_gain
         buckets = len(self.BUCKET_EDGES) + 1
         self._gain = [_Tally() for _ in range(buckets)]
@@ -125,15 +124,23 @@ class CycleGate:
         self._copy_big, self._copy_small = _Rate(), _Rate()
         """What copy cycles' whole tries, and their best :data:`DEFAULT_DRAFT_NODES` nodes, would have committed."""
 
+    def _use_costs(self, verify_ms: dict[int, float]) -> None:
+        """Weigh nodes by the verification curve ``verify_ms`` (tree size -> ms)."""
+        self.node_costs = relative_node_costs(verify_ms, self.max_nodes)
+        self._cost_curve = dict(enumerate(self.node_costs))  # relative cost by node count, for interpolate_cost
+        self.step_ms = interpolate_cost(verify_ms, 1)
+
     def _cost(self, nodes: float) -> float:
         """Relative cost of verifying ``nodes`` (a mean, so fractional) nodes; past ``max_nodes`` extended linearly."""
         return interpolate_cost(self._cost_curve, nodes)
 
-    def carried_over(self) -> CycleGate:
+    def carried_over(self, verify_ms: dict[int, float] | None = None) -> CycleGate:
         """This gate's statistics for the drafter's next call with the same target (nothing pending), each
-        weighted as at most :attr:`MEMORY_CYCLES` cycles. The choice stays a function of earlier cycles only:
-        sampling stays exact."""
+        weighted as at most :attr:`MEMORY_CYCLES` cycles, on the verification curve ``verify_ms`` as it is now (None:
+        this gate's). The choice stays a function of earlier cycles only: sampling stays exact."""
         gate = copy.copy(self)
+        if verify_ms is not None:
+            gate._use_costs(verify_ms)
         gate._pending = None
         gate._gain = [tally.capped(self.MEMORY_CYCLES) for tally in self._gain]
         gate._bias = [tally.capped(self.MEMORY_CYCLES) for tally in self._bias]
