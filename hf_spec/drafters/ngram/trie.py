@@ -83,7 +83,7 @@ DEFAULT_DRAFT_BRANCHES = 4
 
 def relative_node_costs(verify_ms: dict[int, float], max_nodes: int, margin: float = COST_MARGIN) -> list[float]:
     """``[cost of a cycle verifying n draft nodes / cost of a one-token step for n in 0..max_nodes]`` from a
-    verification cost curve ``{tokens: ms}`` (:func:`hf_spec.verify_cost.verify_cost_curve`; n draft nodes and
+    verification cost curve ``{tokens: ms}`` (:meth:`hf_spec.verify_cost.VerifyCosts.curve`; n draft nodes and
     the root are n + 1 tokens), the increase over one token scaled by ``margin``: what :func:`scored_trie`'s size
     cut weighs expected accepted tokens against. Flat where verifying more tokens is almost free (a GPU, a CPU with
     AMX), so the trees grow there; steeper on CPUs without AMX."""
