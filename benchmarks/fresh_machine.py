@@ -258,7 +258,7 @@ def main():
                 entry["identical"] = bool(torch.equal(output, reference))
             if stats is not None:
                 entry["tau"] = None if math.isnan(stats.tau) else stats.tau
-                for attr in ("controller", "shape_choice"):
+                for attr in ("controller", "shape_choice", "verify_ms"):
                     entry[attr] = jsonable(getattr(stats, attr, None))
             if name == "plain" or entry.get("identical") is False:
                 entry["text"] = tokenizer.decode(output[0, n_in:], skip_special_tokens=True)

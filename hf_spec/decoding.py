@@ -657,6 +657,8 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     stats.total_seconds = timing.clock(device) - loop_start
     if controller is not None:
         stats.controller = controller.summary()
+    if costs is not None:
+        stats.verify_ms = {n: round(ms, 3) for n, ms in costs.curve().items()}
     if layout.engines is not None:
         stats.engines = layout.engines.summary()
     if gc.return_dict_in_generate:

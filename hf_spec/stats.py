@@ -58,6 +58,10 @@ class GenerationStats:
     first), ``current`` (the arm it exploits), ``ms_per_token`` (measured wall milliseconds per committed token
     per arm, recent cycles weighing most; None: not measured lately), ``cycles``, ``probes`` and ``moves`` (over
     the process's calls with this drafter, target and settings). None: no controller ran."""
+    verify_ms: dict[int, float] | None = None
+    """The target's verification costs after this call as this process measures them (tree size -> wall ms,
+    :meth:`hf_spec.verify_cost.VerifyCosts.curve`: the timed prior corrected by decoding's own verifications), which
+    the next call's n-gram trees and cost gate are sized by. None: no drafter of this call sizes trees by them."""
     engines: dict | None = None
     """What the engine chooser (:class:`~hf_spec.controller.EngineChooser`) of a compiled static layout
     (``cache_implementation="static"`` with compilation) knew after this call, per bucket size (nodes a verification

@@ -63,6 +63,7 @@ def test_the_loop_reports_each_verification_and_the_next_call_sizes_trees_by_it(
     costs = verify_cost.live_verify_costs(target)
     assert costs is not None and costs.observations == drafter.last_generation_stats.verify_forwards
     assert costs.measured() and all(ms > 0 for ms in costs.measured().values())
+    assert drafter.last_generation_stats.verify_ms == pytest.approx(costs.curve(), rel=1e-3)  # what the next call reads
     seen = []
     monkeypatch.setattr(type(costs), "curve", lambda self: seen.append(self.observations) or dict(PRIOR))
     target.generate(prompt, max_new_tokens=8, do_sample=False, assistant_model=drafter)
