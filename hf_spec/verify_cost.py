@@ -13,7 +13,7 @@ corrected by the decoding loop's own measured verifications (each one-row cycle 
 time). Drafters that size their trees per cycle (:class:`~hf_spec.NGramDrafter`, the n-gram branches and cost gate
 of the trained drafters) weigh a node's acceptance against its :meth:`VerifyCosts.curve` when a call starts. Why:
 a few seconds of timing in a drifting machine, once per process, gave curves whose node costs differed enough that
-one process grafted no n-gram nodes into EAGLE's two-token trees and another grafted four; and a forward timed
+one process grafted no n-gram nodes into EAGLE's two-token trees and another up to ten; and a forward timed
 apart from decoding is not what decoding pays (on a 2-core EPYC in float32, 6 tree tokens cost 1.6x a plain step
 inside ``generate()``).
 
@@ -26,13 +26,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import statistics
 import weakref
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from . import compat
@@ -53,8 +53,8 @@ __all__ = ["CACHE_FORMAT", "VERIFY_CURVE_SIZES", "VerifyCosts", "live_verify_cos
 CACHE_FORMAT = 6
 """Version of a cached curve's JSON (2: 7 timed rounds on a 256-token prefix, made non-decreasing; 3: verification
 timed as decoding now runs it on a CPU, masked GQA attention without repeated key/value heads; 4: every size from 1
-to 6 timed; 5: linear layers through :func:`~hf_spec.linear_kernels.few_row_linears`, as decoding runs them; 6: one token
-timed as decoding's plain step, without a tree mask). A cached curve of another format is measured again."""
+to 6 timed; 5: linear layers through :func:`~hf_spec.linear_kernels.few_row_linears`, as decoding runs them; 6: one
+token timed as decoding's plain step, without a tree mask). A cached curve of another format is measured again."""
 VERIFY_CURVE_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 """Tree sizes whose verification cost :func:`verify_cost_curve` measures: every small size, because the cost of a
 few-token forward is a step function, not a line (a CPU's float32 GEMM changes kernels at a few rows: on a 2-core
@@ -183,18 +183,11 @@ class VerifyCosts:
         measured = self.measured()
         if not measured:
             return non_decreasing(self.prior)
-        ratios = sorted((math.log(n), ms / interpolate_cost(self.prior, n)) for n, ms in measured.items())
-
-        def ratio(n: int) -> float:
-            x = math.log(n)
-            if x <= ratios[0][0]:
-                return ratios[0][1]
-            for (x0, r0), (x1, r1) in zip(ratios, ratios[1:]):
-                if x <= x1:
-                    return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
-            return ratios[-1][1]
-
-        curve = {n: ms * ratio(n) for n, ms in self.prior.items()}
+        sizes = list(measured)  # sorted
+        ratios = [measured[n] / interpolate_cost(self.prior, n) for n in sizes]
+        # measured/prior ratio, linear in log size between measured sizes, flat beyond them
+        scale = np.interp(np.log(list(self.prior)), np.log(sizes), ratios)
+        curve = {n: ms * float(r) for (n, ms), r in zip(self.prior.items(), scale)}
         curve.update(measured)
         return non_decreasing(curve)
 
@@ -213,7 +206,7 @@ def verify_costs(model) -> VerifyCosts:
     prior = verify_cost_curve(model)
     mine = _live.setdefault(model, {})
     costs = mine.get(_live_key(model))
-    if costs is None or costs.prior != {int(n): float(ms) for n, ms in prior.items()}:
+    if costs is None or costs.prior != prior:
         costs = mine[_live_key(model)] = VerifyCosts(prior)
     return costs
 

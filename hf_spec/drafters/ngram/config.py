@@ -28,11 +28,11 @@ class NGramDrafterConfig(SpecDrafterConfig):
         copy_depth: deepest node on a copy cycle (None: ``max(copy_nodes, max_depth)``).
         node_cost: how a cycle's tree is sized. None (default): from this machine's measured verification cost
             of 1-64 tokens on the target (:func:`hf_spec.verify_cost.verify_costs`: a curve timed once in a few
-            seconds, corrected by the verifications decoding runs; :func:`relative_node_costs`), so the trees grow where verifying more tokens is almost free (a
-            GPU, a CPU with AMX) and shrink where it is not. A number c: every verified node costs c one-token
-            decoding steps (0.035 suits SmolLM2-135M bf16 on a 2-core Zen 4). Each cycle keeps the best-first
-            prefix of its tree that maximizes (1 + expected accepted tokens) / cost (:func:`scored_trie`); 0: always
-            ``num_draft_tokens`` nodes.
+            seconds, corrected by the verifications decoding runs; :func:`relative_node_costs`), so the trees grow
+            where verifying more tokens is almost free (a GPU, a CPU with AMX) and shrink where it is not. A number
+            c: every verified node costs c one-token decoding steps (0.035 suits SmolLM2-135M bf16 on a 2-core Zen
+            4). Each cycle keeps the best-first prefix of its tree that maximizes (1 + expected accepted tokens) /
+            cost (:func:`scored_trie`); 0: always ``num_draft_tokens`` nodes.
     """
 
     model_type = "hf_spec_ngram"
