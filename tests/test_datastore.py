@@ -9,6 +9,7 @@ from transformers import AutoModel
 import hf_spec
 from conftest import make_target, plain_generate, random_prompt
 from hf_spec.drafters.datastore import DATASTORE_FILE, NGramDatastore
+from hf_spec.drafters.ngram import FALLBACK_NODE_COST
 from hf_spec.training.data import datastore_from_feature_cache
 from test_sampling import (P_VALUE_FLOOR, VOCAB, chi_square_pvalue, exact_joint, rejects_colder_law, sample_batches,
                            warpers)  # fmt: skip
@@ -76,7 +77,9 @@ def corpus_case(family="llama"):
 def test_ngram_drafter_with_datastore_matches_plain_and_drafts_from_the_corpus(family):
     target, prompt, store = corpus_case(family)
     expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
-    alone, with_store = hf_spec.NGramDrafter(), hf_spec.NGramDrafter(datastore=store)
+    # a fixed node cost: tau compared across two sizings timed live would be a coin toss on a loaded machine
+    alone = hf_spec.NGramDrafter(node_cost=FALLBACK_NODE_COST)
+    with_store = hf_spec.NGramDrafter(datastore=store, node_cost=FALLBACK_NODE_COST)
     assert torch.equal(target.generate(prompt, assistant_model=alone, max_new_tokens=40, do_sample=False), expected)
     assert torch.equal(target.generate(prompt, assistant_model=with_store, max_new_tokens=40, do_sample=False), expected)
     assert with_store.last_generation_stats.tau > alone.last_generation_stats.tau + 0.5
