@@ -15,7 +15,8 @@ SmolLM2-135M step. Two kernels compute the same attention:
 So nothing is assumed: within :func:`few_query_attention`, the calls of each query count (up to :data:`MAX_QUERIES`) and
 cache-length bucket (:func:`length_bucket`), after :data:`WARMUP_CALLS`, take turns with the kernels, timed in place,
 and from then on this process runs the fastest (another kernel than ``sdpa`` only when it was at least :data:`MIN_GAIN`
-faster) until the choice is measured again (:mod:`hf_spec.kernel_trials`). The kernels differ at most in summation
+faster) until the choice is measured again, each trial adding to the evidence of the ones before
+(:mod:`hf_spec.kernel_trials`). The kernels differ at most in summation
 order, as a tree verification already does against a one-token step: greedy output stays that of plain ``generate()``
 (the tests run every kernel), and sampling is unaffected (in bf16 on that EPYC the two gave the same bits). Calls the
 other kernels do not cover (autograd, dropout, soft-capping, sinks, a causal call without a mask, another device) run
@@ -32,7 +33,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .kernel_trials import ForcedKernel, decision, expired, timed_turn
+from .kernel_trials import ForcedKernel, KernelEvidence, decision, expired, timed_turn
 
 __all__ = ["KERNELS", "MAX_QUERIES", "MIN_GAIN", "TRIAL_CALLS", "WARMUP_CALLS", "attention_choices",
            "few_query_attention", "forced_attention", "length_bucket"]  # fmt: skip
@@ -42,7 +43,7 @@ KERNELS = ("sdpa", "grouped")
 MAX_QUERIES = 64
 """Query counts above this always run ``sdpa`` (a prefill)."""
 MIN_GAIN = 0.10
-"""Another kernel replaces ``sdpa`` only when measured at least this much faster (the choice is kept)."""
+"""Another kernel replaces ``sdpa`` only when the trials so far measured it at least this much faster."""
 WARMUP_CALLS = 2
 """Calls of each (query count, length bucket) that run ``sdpa`` untimed before its trial (first-time work)."""
 TRIAL_CALLS = 24
@@ -55,6 +56,8 @@ _trials: dict[tuple, dict[str, list[float]]] = {}
 _made: dict[tuple, float] = {}
 """The same keys chosen -> when (``time.perf_counter()``): measured again once
 :data:`hf_spec.kernel_trials.RECHECK_SECONDS` old."""
+_evidence: dict[tuple, KernelEvidence] = {}
+"""The same keys -> what their trials so far found (each recheck adds a trial to it)."""
 _warmups: dict[tuple, int] = {}
 """The same keys -> their calls so far while no choice exists (the first :data:`WARMUP_CALLS` are not timed)."""
 _forced = ForcedKernel(KERNELS)
@@ -123,7 +126,8 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         return _run("sdpa", module, query, key, value, attention_mask, scaling, kwargs), None
     samples = _trials.setdefault(choice_key, {})
     out = timed_turn(samples, KERNELS, lambda k: _run(k, module, query, key, value, attention_mask, scaling, kwargs))
-    choice = decision(samples, KERNELS, TRIAL_CALLS // len(KERNELS), "sdpa", MIN_GAIN)
+    evidence = _evidence.setdefault(choice_key, KernelEvidence())
+    choice = decision(samples, KERNELS, TRIAL_CALLS // len(KERNELS), "sdpa", MIN_GAIN, evidence)
     if choice is not None:
         _tables[choice_key], _made[choice_key] = choice, time.perf_counter()
         del _trials[choice_key]

@@ -2,25 +2,62 @@
 (:mod:`hf_spec.linear_kernels`) and the few-query attention (:mod:`hf_spec.attention_kernels`) share.
 
 Calls of one kind (a weight shape and row count; a query count and cache length) take turns with the kernels, each
-timed on its real input where decoding leaves the data; once each kernel has its share of calls, the medians past
-each one's first call decide, and another kernel than the default wins only by a margin (a close call keeps the
-default). A choice is kept until it is :data:`RECHECK_SECONDS` old; the next block then measures it again
-(:func:`expired`): a machine's speed and load drift, and a trial can meet a slow spell (another process on one of two
-cores slows a kernel that uses both more than one that uses one), so no choice is final. This module is at the
-bottom of the house: it imports nothing of hf_spec.
+timed on its real input where decoding leaves the data; once each kernel has its share of calls, the trial's medians
+past each one's first call are added to that kind's :class:`KernelEvidence`, and the evidence decides: the kernel
+with the least discounted mean of log time against the default's, when it is at least a margin faster (a close call
+keeps the default). A choice is kept until it is :data:`RECHECK_SECONDS` old; the next block then runs another
+trial (:func:`expired`): a machine's speed and load drift, so no choice is final; but each trial adds to the
+evidence rather than deciding alone. Why: one trial of eight calls per kernel met a slow spell often enough (another
+process on one of two cores slows a kernel that uses both more than one that uses one) that two processes on one
+machine ended a 25-minute benchmark with different choices for eleven shapes, so their verification costs, and the
+trees sized by them, differed. This module is at the bottom of the house: it imports nothing of hf_spec.
 """
-
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from typing import Callable
 
-__all__ = ["RECHECK_SECONDS", "ForcedKernel", "decision", "expired", "timed_turn"]
+__all__ = ["DISCOUNT", "RECHECK_SECONDS", "ForcedKernel", "KernelEvidence", "decision", "expired", "timed_turn"]
 
 RECHECK_SECONDS = 120.0
 """Age at which a choice goes on trial again, when the next block starts."""
+DISCOUNT = 0.75
+"""Weight of the evidence so far when a new trial is added (the last four or so trials decide)."""
+
+
+class KernelEvidence:
+    """What the trials of one kind of call found: per kernel, the discounted sum of log(median / the default's
+    median) and its weight (each trial weighs 1; older ones :data:`DISCOUNT` times less per later trial)."""
+
+    def __init__(self):
+        self.sums: dict[str, list[float]] = {}  # kernel -> [discounted sum of log ratios, discounted weight]
+        self.trials = 0
+
+    def add(self, medians: dict[str, float], default: str) -> None:
+        """One trial's median seconds per kernel (``default`` among them)."""
+        for sums in self.sums.values():
+            sums[0] *= DISCOUNT
+            sums[1] *= DISCOUNT
+        base = max(medians[default], 1e-12)
+        for kernel, median in medians.items():
+            sums = self.sums.setdefault(kernel, [0.0, 0.0])
+            sums[0] += math.log(max(median, 1e-12) / base)
+            sums[1] += 1.0
+        self.trials += 1
+
+    def ratio(self, kernel: str) -> float:
+        """The kernel's time over the default's, as the evidence so far has it (1.0: no evidence)."""
+        total, weight = self.sums.get(kernel, (0.0, 0.0))
+        return math.exp(total / weight) if weight else 1.0
+
+    def choice(self, kernels: tuple[str, ...], default: str, min_gain: float) -> str:
+        """The kernel of ``kernels`` with the least :meth:`ratio`, when it is at least ``min_gain`` faster than
+        ``default``; else ``default``."""
+        best = min(kernels, key=self.ratio)
+        return best if self.ratio(best) < 1.0 - min_gain else default
 
 
 def timed_turn(samples: dict[str, list[float]], kernels: tuple[str, ...], run: Callable[[str], object]):
@@ -33,16 +70,16 @@ def timed_turn(samples: dict[str, list[float]], kernels: tuple[str, ...], run: C
     return out
 
 
-def decision(samples: dict[str, list[float]], kernels: tuple[str, ...], share: int, default: str,
-             min_gain: float) -> str | None:  # fmt: skip
-    """None while a kernel of ``kernels`` has fewer than ``share`` timed calls; then the kernel with the least median
-    past its first call (any kernel in ``samples`` with its share), when at least ``min_gain`` faster than
-    ``default``'s, else ``default``."""
+def decision(samples: dict[str, list[float]], kernels: tuple[str, ...], share: int, default: str, min_gain: float,
+             evidence: KernelEvidence | None = None) -> str | None:  # fmt: skip
+    """None while a kernel of ``kernels`` has fewer than ``share`` timed calls; then the trial's medians past each
+    kernel's first call join ``evidence`` (a new :class:`KernelEvidence` if None), which chooses among ``kernels``
+    (:meth:`KernelEvidence.choice`)."""
     if any(len(samples.get(k, ())) < share for k in kernels):
         return None
-    medians = {k: statistics.median(t[1:]) for k, t in samples.items() if len(t) >= share}
-    best = min(medians, key=medians.get)
-    return best if medians[best] < (1.0 - min_gain) * medians[default] else default
+    evidence = KernelEvidence() if evidence is None else evidence
+    evidence.add({k: statistics.median(samples[k][1:]) for k in kernels}, default)
+    return evidence.choice(kernels, default, min_gain)
 
 
 def expired(made: dict, now: float | None = None) -> list:

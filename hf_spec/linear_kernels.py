@@ -19,7 +19,8 @@ Products timed in isolation, weights warm in a cache, can rank the kernels the o
 within :func:`few_row_linears`, the calls with each row count (up to :data:`MAX_ROWS`) of each weight shape, after each
 layer's first :data:`WARMUP_CALLS`, take turns with the kernels, timed in place on their real inputs, and from then on
 this process runs the fastest (another kernel than ``F.linear`` only when it was at least :data:`MIN_GAIN` faster) until
-the choice is :data:`~hf_spec.kernel_trials.RECHECK_SECONDS` old and measured again. Choices are per weight shape,
+the choice is :data:`~hf_spec.kernel_trials.RECHECK_SECONDS` old and measured again, the new trial added to the old
+ones' evidence (:class:`~hf_spec.kernel_trials.KernelEvidence`). Choices are per weight shape,
 dtype, thread count and row count: a model's 30 layers of one shape settle one within a forward or two, its LM head (one
 call per forward) within :data:`TRIAL_CALLS` forwards. The kernels compute the same products, at most in another
 summation order, as a tree verification already does against a one-token step: greedy output stays that of plain
@@ -40,7 +41,7 @@ import torch
 from torch import nn
 
 from . import compat
-from .kernel_trials import ForcedKernel, decision, expired, timed_turn
+from .kernel_trials import ForcedKernel, KernelEvidence, decision, expired, timed_turn
 
 __all__ = ["KERNELS", "MAX_ROWS", "MIN_GAIN", "PACK_MEMORY_SHARE", "TRIAL_CALLS", "WARMUP_CALLS", "few_row_linears",
            "forced_kernel", "kernel_choices"]  # fmt: skip
@@ -50,8 +51,8 @@ KERNELS = ("F.linear", "transposed", "packed")
 MAX_ROWS = 16
 """Row counts above this always use ``F.linear`` (a matrix product of many rows has no slow few-row kernel)."""
 MIN_GAIN = 0.10
-"""Another kernel replaces ``F.linear`` only when measured at least this much faster (a close call keeps the default
-kernel: the choice is one timing, and it is kept for the process)."""
+"""Another kernel replaces ``F.linear`` only when the trials so far measured it at least this much faster (a close
+call keeps the default kernel)."""
 WARMUP_CALLS = 2
 """Each layer's first calls with a row count run ``F.linear`` untimed: a process's first decoding steps run slower
 for reasons of their own (memory touched for the first time), and there, on the EPYC above, the transposed product
@@ -69,6 +70,8 @@ _trials: dict[tuple, dict[str, list[float]]] = {}
 _made: dict[tuple, float] = {}
 """((weight shape, dtype, threads), rows) chosen -> when (``time.perf_counter()``): measured again once
 :data:`hf_spec.kernel_trials.RECHECK_SECONDS` old."""
+_evidence: dict[tuple, KernelEvidence] = {}
+"""((weight shape, dtype, threads), rows) -> what its trials so far found (each recheck adds a trial to it)."""
 _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """Layer -> (what its weight was when packed, the packed copy, its bytes): reused across blocks while the weight is
 unchanged and some choice of its shape is ``packed`` or still on trial."""
@@ -169,7 +172,8 @@ def _trial(base: tuple, rows: int, table: dict, layer: nn.Linear, x2: torch.Tens
     kernels = KERNELS if packed is not None else KERNELS[:2]
     samples = _trials.setdefault((base, rows), {})
     out = timed_turn(samples, kernels, lambda kernel: _run(kernel, layer, x2))
-    choice = decision(samples, kernels, TRIAL_CALLS // len(KERNELS), "F.linear", MIN_GAIN)
+    evidence = _evidence.setdefault((base, rows), KernelEvidence())
+    choice = decision(samples, kernels, TRIAL_CALLS // len(KERNELS), "F.linear", MIN_GAIN, evidence)
     if choice is not None:
         table[rows], _made[(base, rows)] = choice, time.perf_counter()
         del _trials[(base, rows)]

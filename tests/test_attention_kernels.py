@@ -21,6 +21,7 @@ def fresh_choices(monkeypatch):
     monkeypatch.setattr(attention_kernels, "_tables", {})
     monkeypatch.setattr(attention_kernels, "_trials", {})
     monkeypatch.setattr(attention_kernels, "_made", {})
+    monkeypatch.setattr(attention_kernels, "_evidence", {})
     monkeypatch.setattr(attention_kernels, "_warmups", {})
 
 

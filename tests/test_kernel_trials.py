@@ -1,21 +1,23 @@
 """No kernel choice is final (:mod:`hf_spec.kernel_trials`): a choice older than ``RECHECK_SECONDS`` goes on trial
-again when the next block starts, in the linear layers' block as in the attention's, and the trial then chooses
-anew from that block's calls."""
+again when the next block starts, in the linear layers' block as in the attention's, and that trial's calls join the
+evidence of the trials before it."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 from torch import nn
 
 from hf_spec import attention_kernels, linear_kernels
-from hf_spec.kernel_trials import RECHECK_SECONDS, decision, expired
+from hf_spec.kernel_trials import DISCOUNT, RECHECK_SECONDS, KernelEvidence, decision, expired
 
 
 @pytest.fixture(autouse=True)
 def fresh_choices(monkeypatch):
     for module in (linear_kernels, attention_kernels):
-        for name in ("_tables", "_trials", "_made"):
+        for name in ("_tables", "_trials", "_made", "_evidence"):
             monkeypatch.setattr(module, name, {})
     monkeypatch.setattr(attention_kernels, "_warmups", {})
 
@@ -29,6 +31,28 @@ def test_a_decision_waits_for_every_share_and_keeps_the_default_on_a_close_call(
     assert decision({"a": [9, 1, 1], "b": [9, 2, 2]}, ("a", "b"), 3, "b", 0.1) == "a"  # 2x faster: a
     assert decision({"a": [9, 1.0, 1.0], "b": [9, 1.05, 1.05]}, ("a", "b"), 3, "b", 0.1) == "b"  # close: the default
     assert decision({"a": [9, 1, 1], "b": [9, 2]}, ("a", "b"), 3, "b", 0.1) is None  # b lacks its share
+
+
+def test_one_slow_trial_does_not_overturn_the_evidence_but_a_lasting_change_does():
+    evidence = KernelEvidence()
+    for _ in range(4):  # "a" 30% faster than the default, four trials running
+        assert decision({"a": [9, 0.7, 0.7], "b": [9, 1, 1]}, ("a", "b"), 3, "b", 0.1, evidence) == "a"
+    assert evidence.ratio("a") == pytest.approx(0.7) and evidence.ratio("b") == 1.0 and evidence.trials == 4
+    # one trial that met a slow spell (a 1.3x the default, alone enough to keep the default) leaves "a" chosen
+    assert decision({"a": [9, 1.3, 1.3], "b": [9, 1, 1]}, ("a", "b"), 3, "b", 0.1, evidence) == "a"
+    while decision({"a": [9, 1.3, 1.3], "b": [9, 1, 1]}, ("a", "b"), 3, "b", 0.1, evidence) == "a":
+        assert evidence.trials < 8  # the machine changed for good: the evidence follows within a few trials
+    assert evidence.ratio("a") > 0.9
+    # a kernel missing from this trial (a weight that could not be packed) is not chosen from old evidence
+    assert evidence.choice(("b",), "b", 0.1) == "b"
+
+
+def test_the_evidence_discounts_older_trials():
+    evidence = KernelEvidence()
+    evidence.add({"a": 0.5, "b": 1.0}, "b")
+    evidence.add({"a": 1.0, "b": 1.0}, "b")
+    expected = math.exp(DISCOUNT * math.log(0.5) / (DISCOUNT + 1.0))
+    assert evidence.ratio("a") == pytest.approx(expected)
 
 
 def test_an_old_linear_choice_is_measured_again_in_the_next_block():
@@ -50,6 +74,7 @@ def test_an_old_linear_choice_is_measured_again_in_the_next_block():
         for _ in range(linear_kernels.TRIAL_CALLS):
             layer(torch.randn(1, 16))
     assert set(linear_kernels._tables[base]) == {1, 2} and (base, 1) in linear_kernels._made
+    assert linear_kernels._evidence[(base, 1)].trials == 2 and linear_kernels._evidence[(base, 2)].trials == 1
 
 
 def test_an_old_attention_choice_is_measured_again_in_the_next_block():

@@ -22,6 +22,7 @@ def fresh_choices(monkeypatch):
     monkeypatch.setattr(linear_kernels, "_tables", {})
     monkeypatch.setattr(linear_kernels, "_trials", {})
     monkeypatch.setattr(linear_kernels, "_made", {})
+    monkeypatch.setattr(linear_kernels, "_evidence", {})
     monkeypatch.setattr(linear_kernels, "_packed", linear_kernels.weakref.WeakKeyDictionary())
 
 
