@@ -124,10 +124,17 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     seen = _warmups[choice_key] = _warmups.get(choice_key, 0) + 1
     if seen <= WARMUP_CALLS:
         return _run("sdpa", module, query, key, value, attention_mask, scaling, kwargs), None
-    samples = _trials.setdefault(choice_key, {})
-    out = timed_turn(samples, KERNELS, lambda k: _run(k, module, query, key, value, attention_mask, scaling, kwargs))
     evidence = _evidence.setdefault(choice_key, KernelEvidence())
-    choice = decision(samples, KERNELS, TRIAL_CALLS // len(KERNELS), "sdpa", MIN_GAIN, evidence)
+    if choice_key not in _trials:
+        kernels = evidence.start_trial(KERNELS)
+        if kernels == ("sdpa",):  # the other is far behind and sits this trial out
+            _tables[choice_key], _made[choice_key] = "sdpa", time.perf_counter()
+            return _run("sdpa", module, query, key, value, attention_mask, scaling, kwargs), None
+        _trials[choice_key] = {kernel: [] for kernel in kernels}
+    samples = _trials[choice_key]
+    out = timed_turn(samples, tuple(samples), lambda k: _run(k, module, query, key, value, attention_mask, scaling,
+                                                              kwargs))  # fmt: skip
+    choice = decision(samples, tuple(samples), TRIAL_CALLS // len(KERNELS), "sdpa", MIN_GAIN, evidence)
     if choice is not None:
         _tables[choice_key], _made[choice_key] = choice, time.perf_counter()
         del _trials[choice_key]

@@ -7,7 +7,8 @@ past each one's first call are added to that kind's :class:`KernelEvidence`, and
 with the least discounted mean of log time against the default's, when it is at least a margin faster (a close call
 keeps the default). A choice is kept until it is :data:`RECHECK_SECONDS` old; the next block then runs another
 trial (:func:`expired`): a machine's speed and load drift, so no choice is final; but each trial adds to the
-evidence rather than deciding alone. Why: one trial of eight calls per kernel met a slow spell often enough (another
+evidence rather than deciding alone, and a kernel far behind sits out a doubling number of trials
+(:data:`FAR_BEHIND`). Why: one trial of eight calls per kernel met a slow spell often enough (another
 process on one of two cores slows a kernel that uses both more than one that uses one) that two processes on one
 machine ended a 25-minute benchmark with different choices for eleven shapes, so their verification costs, and the
 trees sized by them, differed. This module is at the bottom of the house: it imports nothing of hf_spec.
@@ -20,12 +21,17 @@ import statistics
 import time
 from typing import Callable
 
-__all__ = ["DISCOUNT", "RECHECK_SECONDS", "ForcedKernel", "KernelEvidence", "decision", "expired", "timed_turn"]
+__all__ = ["DISCOUNT", "FAR_BEHIND", "RECHECK_SECONDS", "ForcedKernel", "KernelEvidence", "decision", "expired", "timed_turn"]
 
 RECHECK_SECONDS = 120.0
 """Age at which a choice goes on trial again, when the next block starts."""
 DISCOUNT = 0.75
 """Weight of the evidence so far when a new trial is added (the last four or so trials decide)."""
+FAR_BEHIND = 1.5
+"""A kernel the evidence puts at this many times the default's time sits out the next trial, then twice as many
+after each later trial that still finds it this far behind (the losers' calls are a trial's cost: on a 2-core
+Xeon with AMX in float32 the packed weight ran a layer 6x slower than ``F.linear``, and every recheck ran it
+again)."""
 
 
 class KernelEvidence:
@@ -35,6 +41,19 @@ class KernelEvidence:
     def __init__(self):
         self.sums: dict[str, list[float]] = {}  # kernel -> [discounted sum of log ratios, discounted weight]
         self.trials = 0
+        self.sitting_out: dict[str, list[int]] = {}  # kernel far behind -> [trials left to sit out, the last wait]
+
+    def start_trial(self, kernels: tuple[str, ...]) -> tuple[str, ...]:
+        """The kernels of ``kernels`` that run in the trial starting now: those not sitting out (each that does has
+        one trial less to wait)."""
+        running = []
+        for kernel in kernels:
+            wait = self.sitting_out.get(kernel)
+            if wait is not None and wait[0] > 0:
+                wait[0] -= 1
+            else:
+                running.append(kernel)
+        return tuple(running)
 
     def add(self, medians: dict[str, float], default: str) -> None:
         """One trial's median seconds per kernel (``default`` among them)."""
@@ -47,6 +66,12 @@ class KernelEvidence:
             sums[0] += math.log(max(median, 1e-12) / base)
             sums[1] += 1.0
         self.trials += 1
+        for kernel in medians:
+            if kernel != default and self.ratio(kernel) >= FAR_BEHIND:
+                last = self.sitting_out.get(kernel, [0, 0])[1]
+                self.sitting_out[kernel] = [max(1, 2 * last)] * 2
+            else:
+                self.sitting_out.pop(kernel, None)
 
     def ratio(self, kernel: str) -> float:
         """The kernel's time over the default's, as the evidence so far has it (1.0: no evidence)."""

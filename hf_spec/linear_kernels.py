@@ -164,19 +164,29 @@ def _trial(base: tuple, rows: int, table: dict, layer: nn.Linear, x2: torch.Tens
     the call that packs a weight is not timed (packing reads the weight into a cache: on a Zen 4 in float32 the
     kernel timed right after it measured faster than it runs, and the trial chose the packed weight where the
     transposed product was 1.4x faster)."""
-    before = _packed.get(layer)
-    packed = _packed_weight(layer)
-    if packed is not None and (before is None or before[1] is not packed):
-        # packed on this call: packing read the weight into a cache, so no kernel's time would be its real cost
-        return torch.nn.functional.linear(x2, layer.weight, layer.bias)
-    kernels = KERNELS if packed is not None else KERNELS[:2]
-    samples = _trials.setdefault((base, rows), {})
+    key = (base, rows)
+    evidence = _evidence.setdefault(key, KernelEvidence())
+    if key not in _trials:
+        kernels = evidence.start_trial(KERNELS)
+        if kernels == ("F.linear",):  # the others are far behind and sit this trial out
+            table[rows], _made[key] = "F.linear", time.perf_counter()
+            return torch.nn.functional.linear(x2, layer.weight, layer.bias)
+        _trials[key] = {kernel: [] for kernel in kernels}
+    samples = _trials[key]
+    kernels = tuple(samples)
+    if "packed" in kernels:
+        before = _packed.get(layer)
+        packed = _packed_weight(layer)
+        if packed is not None and (before is None or before[1] is not packed):
+            # packed on this call: packing read the weight into a cache, so no kernel's time would be its real cost
+            return torch.nn.functional.linear(x2, layer.weight, layer.bias)
+        if packed is None:
+            kernels = tuple(kernel for kernel in kernels if kernel != "packed")
     out = timed_turn(samples, kernels, lambda kernel: _run(kernel, layer, x2))
-    evidence = _evidence.setdefault((base, rows), KernelEvidence())
     choice = decision(samples, kernels, TRIAL_CALLS // len(KERNELS), "F.linear", MIN_GAIN, evidence)
     if choice is not None:
-        table[rows], _made[(base, rows)] = choice, time.perf_counter()
-        del _trials[(base, rows)]
+        table[rows], _made[key] = choice, time.perf_counter()
+        del _trials[key]
     return out
 
 

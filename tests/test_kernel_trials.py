@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from hf_spec import attention_kernels, linear_kernels
-from hf_spec.kernel_trials import DISCOUNT, RECHECK_SECONDS, KernelEvidence, decision, expired
+from hf_spec import attention_kernels, kernel_trials, linear_kernels
+from hf_spec.kernel_trials import DISCOUNT, FAR_BEHIND, RECHECK_SECONDS, KernelEvidence, decision, expired
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +55,30 @@ def test_the_evidence_discounts_older_trials():
     assert evidence.ratio("a") == pytest.approx(expected)
 
 
-def test_an_old_linear_choice_is_measured_again_in_the_next_block():
+def test_a_kernel_far_behind_sits_out_a_doubling_number_of_trials():
+    evidence, kernels = KernelEvidence(), ("F.linear", "transposed", "packed")
+    sat_out = []
+    for trial in range(16):
+        running = evidence.start_trial(kernels)
+        assert "F.linear" in running and "transposed" in running  # the default, and a kernel close behind, always run
+        sat_out.append("packed" not in running)
+        medians = {"F.linear": 1.0, "transposed": 1.2, "packed": 6.0}
+        evidence.add({k: medians[k] for k in running}, "F.linear")
+        assert evidence.choice(running, "F.linear", 0.1) == "F.linear"
+    # runs, sits out 1, runs, sits out 2, runs, sits out 4, runs, sits out 8 (cut at 16 trials)
+    assert sat_out == [False, True, False, True, True, False] + [True] * 4 + [False] + [True] * 5
+    # once it no longer trails that far, it runs in every trial again
+    evidence = KernelEvidence()
+    evidence.add({"a": 1.0, "b": FAR_BEHIND * 1.1}, "a")
+    assert evidence.start_trial(("a", "b")) == ("a",)
+    assert evidence.start_trial(("a", "b")) == ("a", "b")
+    for _ in range(6):
+        evidence.add({"a": 1.0, "b": 1.0}, "a")
+    assert evidence.start_trial(("a", "b")) == ("a", "b") and not evidence.sitting_out
+
+
+def test_an_old_linear_choice_is_measured_again_in_the_next_block(monkeypatch):
+    monkeypatch.setattr(kernel_trials, "FAR_BEHIND", float("inf"))  # a tiny layer's other kernels may trail far
     torch.manual_seed(0)
     layer = nn.Linear(16, 8, bias=False)
     base = ((8, 16), torch.float32, torch.get_num_threads())

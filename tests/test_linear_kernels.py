@@ -95,7 +95,7 @@ def test_the_call_that_packs_a_weight_is_not_timed():
     with torch.no_grad(), few_row_linears(layer):
         for _ in range(linear_kernels.WARMUP_CALLS + 1):
             layer(torch.randn(1, 32))
-        assert linear_kernels._packed[layer][1] is not None and key not in linear_kernels._trials
+        assert linear_kernels._packed[layer][1] is not None and not any(linear_kernels._trials.get(key, {}).values())
         layer(torch.randn(1, 32))
         assert sum(map(len, linear_kernels._trials[key].values())) == 1
 
