@@ -13,6 +13,7 @@ process on one of two cores slows a kernel that uses both more than one that use
 machine ended a 25-minute benchmark with different choices for eleven shapes, so their verification costs, and the
 trees sized by them, differed. This module is at the bottom of the house: it imports nothing of hf_spec.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,8 @@ import statistics
 import time
 from typing import Callable
 
-__all__ = ["DISCOUNT", "FAR_BEHIND", "RECHECK_SECONDS", "ForcedKernel", "KernelEvidence", "decision", "expired", "timed_turn"]
+__all__ = ["DISCOUNT", "FAR_BEHIND", "RECHECK_SECONDS", "ForcedKernel", "KernelEvidence", "decision", "expired",
+           "timed_turn"]
 
 RECHECK_SECONDS = 120.0
 """Age at which a choice goes on trial again, when the next block starts."""
