@@ -33,7 +33,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .kernel_trials import ForcedKernel, KernelEvidence, decision, expired, timed_turn
+from .kernel_trials import ForcedKernel, KernelEvidence, decision, expired, timed_turn, trial_samples
 
 __all__ = ["KERNELS", "MAX_QUERIES", "MIN_GAIN", "TRIAL_CALLS", "WARMUP_CALLS", "attention_choices",
            "few_query_attention", "forced_attention", "length_bucket"]  # fmt: skip
@@ -124,17 +124,13 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     seen = _warmups[choice_key] = _warmups.get(choice_key, 0) + 1
     if seen <= WARMUP_CALLS:
         return _run("sdpa", module, query, key, value, attention_mask, scaling, kwargs), None
-    evidence = _evidence.setdefault(choice_key, KernelEvidence())
-    if choice_key not in _trials:
-        kernels = evidence.start_trial(KERNELS)
-        if kernels == ("sdpa",):  # the other is far behind and sits this trial out
-            _tables[choice_key], _made[choice_key] = "sdpa", time.perf_counter()
-            return _run("sdpa", module, query, key, value, attention_mask, scaling, kwargs), None
-        _trials[choice_key] = {kernel: [] for kernel in kernels}
-    samples = _trials[choice_key]
+    samples = trial_samples(_trials, _evidence, choice_key, KERNELS, "sdpa")
+    if samples is None:  # the other is far behind and sits this trial out
+        _tables[choice_key], _made[choice_key] = "sdpa", time.perf_counter()
+        return _run("sdpa", module, query, key, value, attention_mask, scaling, kwargs), None
     out = timed_turn(samples, tuple(samples), lambda k: _run(k, module, query, key, value, attention_mask, scaling,
                                                               kwargs))  # fmt: skip
-    choice = decision(samples, tuple(samples), TRIAL_CALLS // len(KERNELS), "sdpa", MIN_GAIN, evidence)
+    choice = decision(samples, tuple(samples), TRIAL_CALLS // len(KERNELS), "sdpa", MIN_GAIN, _evidence[choice_key])
     if choice is not None:
         _tables[choice_key], _made[choice_key] = choice, time.perf_counter()
         del _trials[choice_key]

@@ -23,7 +23,7 @@ import time
 from typing import Callable
 
 __all__ = ["DISCOUNT", "FAR_BEHIND", "RECHECK_SECONDS", "ForcedKernel", "KernelEvidence", "decision", "expired",
-           "timed_turn"]
+           "timed_turn", "trial_samples"]
 
 RECHECK_SECONDS = 120.0
 """Age at which a choice goes on trial again, when the next block starts."""
@@ -85,6 +85,20 @@ class KernelEvidence:
         ``default``; else ``default``."""
         best = min(kernels, key=self.ratio)
         return best if self.ratio(best) < 1.0 - min_gain else default
+
+
+def trial_samples(trials: dict, evidences: dict, key, kernels: tuple[str, ...],
+                  default: str) -> dict[str, list[float]] | None:  # fmt: skip
+    """The samples of ``key``'s trial under way in ``trials``, or of a new one of the ``kernels`` not sitting out
+    (:meth:`KernelEvidence.start_trial` of ``evidences[key]``, made on first use); None when only ``default`` would
+    run: it is then the choice, with no trial."""
+    samples = trials.get(key)
+    if samples is None:
+        running = evidences.setdefault(key, KernelEvidence()).start_trial(kernels)
+        if running == (default,):
+            return None
+        samples = trials[key] = {kernel: [] for kernel in running}
+    return samples
 
 
 def timed_turn(samples: dict[str, list[float]], kernels: tuple[str, ...], run: Callable[[str], object]):

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from . import compat
-from .kernel_trials import ForcedKernel, KernelEvidence, decision, expired, timed_turn
+from .kernel_trials import ForcedKernel, KernelEvidence, decision, expired, timed_turn, trial_samples
 
 __all__ = ["KERNELS", "MAX_ROWS", "MIN_GAIN", "PACK_MEMORY_SHARE", "TRIAL_CALLS", "WARMUP_CALLS", "few_row_linears",
            "forced_kernel", "kernel_choices"]  # fmt: skip
@@ -165,14 +165,10 @@ def _trial(base: tuple, rows: int, table: dict, layer: nn.Linear, x2: torch.Tens
     kernel timed right after it measured faster than it runs, and the trial chose the packed weight where the
     transposed product was 1.4x faster)."""
     key = (base, rows)
-    evidence = _evidence.setdefault(key, KernelEvidence())
-    if key not in _trials:
-        kernels = evidence.start_trial(KERNELS)
-        if kernels == ("F.linear",):  # the others are far behind and sit this trial out
-            table[rows], _made[key] = "F.linear", time.perf_counter()
-            return torch.nn.functional.linear(x2, layer.weight, layer.bias)
-        _trials[key] = {kernel: [] for kernel in kernels}
-    samples = _trials[key]
+    samples = trial_samples(_trials, _evidence, key, KERNELS, "F.linear")
+    if samples is None:  # the others are far behind and sit this trial out
+        table[rows], _made[key] = "F.linear", time.perf_counter()
+        return torch.nn.functional.linear(x2, layer.weight, layer.bias)
     kernels = tuple(samples)
     if "packed" in kernels:
         before = _packed.get(layer)
@@ -183,7 +179,7 @@ def _trial(base: tuple, rows: int, table: dict, layer: nn.Linear, x2: torch.Tens
         if packed is None:
             kernels = tuple(kernel for kernel in kernels if kernel != "packed")
     out = timed_turn(samples, kernels, lambda kernel: _run(kernel, layer, x2))
-    choice = decision(samples, kernels, TRIAL_CALLS // len(KERNELS), "F.linear", MIN_GAIN, evidence)
+    choice = decision(samples, kernels, TRIAL_CALLS // len(KERNELS), "F.linear", MIN_GAIN, _evidence[key])
     if choice is not None:
         table[rows], _made[key] = choice, time.perf_counter()
         del _trials[key]

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from hf_spec import attention_kernels, kernel_trials, linear_kernels
-from hf_spec.kernel_trials import DISCOUNT, FAR_BEHIND, RECHECK_SECONDS, KernelEvidence, decision, expired
+from hf_spec.kernel_trials import (DISCOUNT, FAR_BEHIND, RECHECK_SECONDS, KernelEvidence, decision, expired,
+                                   trial_samples)
 
 
 @pytest.fixture(autouse=True)
@@ -75,6 +76,18 @@ def test_a_kernel_far_behind_sits_out_a_doubling_number_of_trials():
     for _ in range(6):
         evidence.add({"a": 1.0, "b": 1.0}, "a")
     assert evidence.start_trial(("a", "b")) == ("a", "b") and not evidence.sitting_out
+
+
+def test_trial_samples_open_a_trial_of_the_kernels_not_sitting_out_and_keep_it_until_decided():
+    trials, evidences = {}, {}
+    samples = trial_samples(trials, evidences, "k", ("a", "b"), "a")
+    assert samples == {"a": [], "b": []} and trials["k"] is samples
+    samples["a"].append(1.0)
+    assert trial_samples(trials, evidences, "k", ("a", "b"), "a") is samples  # the trial under way
+    del trials["k"]
+    evidences["k"].add({"a": 1.0, "b": FAR_BEHIND * 2}, "a")  # b far behind: it sits the next trial out
+    assert trial_samples(trials, evidences, "k", ("a", "b"), "a") is None and "k" not in trials
+    assert trial_samples(trials, evidences, "k", ("a", "b"), "a") == {"a": [], "b": []}  # then runs again
 
 
 def test_an_old_linear_choice_is_measured_again_in_the_next_block(monkeypatch):
