@@ -31,15 +31,16 @@ fails with a message naming the attribute when a transformers upgrade changes it
   transformers' own argument preparation: the loop is called as
   ``loop(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs)``.
 
-Two private torch CPU operators live here too, the ones torch's own compiler uses for frozen linear layers
-(:func:`pack_linear_weight`, :func:`packed_linear`): a weight reordered once into oneDNN's blocked layout, then
-multiplied without the reorder ``F.linear`` repeats on every call.
+Private torch CPU operators live here too, the ones torch's own compiler uses for frozen linear layers
+(:func:`pack_linear_weight`, :func:`packed_linear`): a weight packed once (float32 with MKL: MKL's packed sgemm; else
+oneDNN's blocked layout), then multiplied without the packing ``F.linear`` repeats on every call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 
 import torch
@@ -237,10 +238,30 @@ def tree_attention(device: torch.device):
         yield
 
 
+@functools.cache
+def _mkl_packs(dtype: torch.dtype) -> bool:
+    """Whether :func:`pack_linear_weight` packs weights of ``dtype`` for MKL's packed sgemm (float32, where this torch
+    has MKL: what torch's inductor does when it freezes a float32 linear layer) rather than for oneDNN."""
+    if dtype != torch.float32 or not torch._C.has_mkl:
+        return False
+    try:
+        return torch.ops.mkl._mkl_linear is not None and torch.ops.mkl._mkl_reorder_linear_weight is not None
+    except (AttributeError, RuntimeError):
+        return False
+
+
+MKL_PACK_ROWS = 4
+"""The row count MKL's packing is told to expect (the packed layout is the same for any; the product passes its own)."""
+
+
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` (N, K) of a CPU linear layer reordered once into oneDNN's blocked layout (``torch.ops.mkldnn.
-    _reorder_linear_weight``, as torch's inductor freezes linear layers): a copy, for :func:`packed_linear`. Raises
-    RuntimeError where this torch build or dtype has no such reorder (no oneDNN)."""
+    """``weight`` (N, K) of a CPU linear layer packed once, as torch's inductor freezes linear layers: a copy, for
+    :func:`packed_linear`. float32 where this torch has MKL: MKL's packed sgemm layout
+    (``torch.ops.mkl._mkl_reorder_linear_weight``; ``F.linear`` of 4 or more rows packs the weight on every call);
+    else oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``; in bf16 ``F.linear`` reorders on every
+    call). Raises RuntimeError where this torch build or dtype has neither."""
+    if _mkl_packs(weight.dtype):
+        return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), MKL_PACK_ROWS)
     try:
         reorder = torch.ops.mkldnn._reorder_linear_weight
     except (AttributeError, RuntimeError) as error:
@@ -248,10 +269,15 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     return reorder(weight.detach(), 1)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` with the weight as :func:`pack_linear_weight` returned it (any leading dims of
-    ``x``; ``torch.ops.mkldnn._linear_pointwise`` with no fused activation)."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """``F.linear(x, weight, bias)`` with ``packed`` = :func:`pack_linear_weight` (``weight``) (any leading dims of a
+    contiguous ``x``): ``torch.ops.mkl._mkl_linear`` or ``torch.ops.mkldnn._linear_pointwise``, as it was packed."""
+    if not _mkl_packs(weight.dtype):
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    rows = x.numel() // x.shape[-1]  # MKL's packed product runs when told the real row count (else F.linear)
+    out = torch.ops.mkl._mkl_linear(x.reshape(rows, x.shape[-1]), packed, weight, bias, rows)
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def tensor_version(tensor: torch.Tensor) -> int:

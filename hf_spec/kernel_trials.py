@@ -32,7 +32,7 @@ DISCOUNT = 0.75
 FAR_BEHIND = 1.5
 """A kernel the evidence puts at this many times the default's time sits out the next trial, then twice as many
 after each later trial that still finds it this far behind (the losers' calls are a trial's cost: on a 2-core
-Xeon with AMX in float32 the packed weight ran a layer 6x slower than ``F.linear``, and every recheck ran it
+Xeon with AMX in float32 a weight packed for oneDNN ran a layer 6x slower than ``F.linear``, and every recheck ran it
 again)."""
 
 

@@ -9,11 +9,13 @@ and in bf16 to oneDNN, which reorders the weight into its blocked layout on ever
   float32) the one-row product ran in a matrix-vector kernel on one core; written this way it took 158 us instead of
   312 through a 1536x576 weight and 5.0 ms instead of 10.3 through SmolLM2-135M's 49,152-row head, and a plain
   float32 step of SmolLM2-135M went from 58 to 33 ms (benchmarks/few_row_kernels);
-- ``packed``: the weight reordered once into oneDNN's layout (kept for the process while it pays, as torch's
-  compiler freezes linear layers; :func:`hf_spec.compat.pack_linear_weight`), then multiplied without the per-call
-  reorder. On that EPYC in bf16 a SmolLM2-135M forward over 1 token went from 42 to 34 ms and over 8 tokens from 46
-  to 34, with the same bits as ``F.linear``. The copy costs the weight's memory again; packing stops before packed
-  copies would take more than :data:`PACK_MEMORY_SHARE` of the memory that was free.
+- ``packed``: the weight packed once (kept for the process while it pays, as torch's compiler freezes linear layers;
+  :func:`hf_spec.compat.pack_linear_weight`), then multiplied without the per-call packing: in bf16 into oneDNN's
+  layout (on that EPYC a SmolLM2-135M forward over 1 token went from 42 to 34 ms and over 8 tokens from 46 to 34, with
+  the same bits as ``F.linear``), in float32 into MKL's packed sgemm layout (MKL packs the weight on every call of 4 or
+  more rows: on a 2-core Xeon with AMX a forward over 4 tokens went from 61.6 to 46.6 ms, over 8 from 74.3 to 56.1).
+  The copy costs the weight's memory again; packing stops before packed copies would take more than
+  :data:`PACK_MEMORY_SHARE` of the memory that was free.
 
 Products timed in isolation, weights warm in a cache, can rank the kernels the other way. So nothing here is assumed:
 within :func:`few_row_linears`, the calls with each row count (up to :data:`MAX_ROWS`) of each weight shape, after each
@@ -76,7 +78,7 @@ _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """Layer -> (what its weight was when packed, the packed copy, its bytes): reused across blocks while the weight is
 unchanged and some choice of its shape is ``packed`` or still on trial."""
 _unpackable: set[torch.dtype] = set()
-"""Dtypes this torch build could not pack (no oneDNN reorder): their layers keep the other two kernels."""
+"""Dtypes this torch build could not pack (no MKL or oneDNN packing): their layers keep the other two kernels."""
 _forced = ForcedKernel(KERNELS)
 """Tests set this (through :func:`forced_kernel`) to run one kernel everywhere."""
 
@@ -152,7 +154,7 @@ def _run(kernel: str, layer: nn.Linear, x2: torch.Tensor) -> torch.Tensor:
     if kernel == "packed":
         packed = _packed_weight(layer)
         if packed is not None:
-            return compat.packed_linear(x2.contiguous(), packed, layer.bias)
+            return compat.packed_linear(x2.contiguous(), packed, layer.weight, layer.bias)
     return torch.nn.functional.linear(x2, layer.weight, layer.bias)
 
 

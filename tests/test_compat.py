@@ -293,7 +293,8 @@ def test_tree_attention_keeps_cudnn_sdpa_off_on_cuda_and_restores_it():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_linear_computes_f_linear_and_the_version_counts_in_place_changes(dtype):
-    """torch's oneDNN reorder of a linear weight and the product with it (private ops torch's compiler uses), and
+    """torch's packing of a linear weight (MKL's for float32 where torch has MKL, else oneDNN's) and the product with
+    it (private ops torch's compiler uses), for row counts on both sides of MKL's per-call packing (4 rows), and
     ``_version``, which tells the few-row kernels when a packed copy is stale."""
     torch.manual_seed(0)
     weight, bias = torch.randn(24, 16, dtype=dtype), torch.randn(24, dtype=dtype)
@@ -301,10 +302,12 @@ def test_packed_linear_computes_f_linear_and_the_version_counts_in_place_changes
         packed = compat.pack_linear_weight(weight)
     except RuntimeError as error:
         pytest.skip(f"this torch build cannot pack weights: {error}")
-    x = torch.randn(2, 3, 16, dtype=dtype)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(compat.packed_linear(x, packed, bias), torch.nn.functional.linear(x, weight, bias),
-                               rtol=tolerance, atol=tolerance)  # fmt: skip
+    for shape in [(1, 16), (3, 16), (2, 3, 16), (1, 9, 16)]:
+        x = torch.randn(*shape, dtype=dtype)
+        out = compat.packed_linear(x, packed, weight, bias)
+        assert out.shape == (*shape[:-1], 24)
+        torch.testing.assert_close(out, torch.nn.functional.linear(x, weight, bias), rtol=tolerance, atol=tolerance)
     version = compat.tensor_version(weight)
     weight.add_(1.0)
     assert compat.tensor_version(weight) > version
