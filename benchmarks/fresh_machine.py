@@ -240,12 +240,13 @@ def main():
     for index, (kind, prompt) in enumerate(prompts):
         enc = encode(prompt)
         n_in = enc["input_ids"].shape[1]
-        best = {}
+        best, rounds = {}, {name: [] for name in names}
         for repeat in range(args.repeats):
             order = names[turn % len(names):] + names[: turn % len(names)]  # rotate who goes first
             turn += 1
             for name in order:
                 output, seconds, stats = run(name, enc, args.max_new_tokens)
+                rounds[name].append(round(seconds, 4))
                 if name not in best or seconds < best[name][1]:
                     best[name] = (output, seconds, stats)
         row = {"index": index, "kind": kind, "prompt": prompt, "prompt_tokens": n_in}
@@ -253,11 +254,15 @@ def main():
         for name in names:
             output, seconds, stats = best[name]
             tokens = output.shape[1] - n_in
-            entry = {"tokens": tokens, "seconds": round(seconds, 4), "tok_s": tokens / seconds}
+            entry = {"tokens": tokens, "seconds": round(seconds, 4), "tok_s": tokens / seconds,
+                     "seconds_by_round": rounds[name]}  # every round's time (same order of turns as plain's)
             if name != "plain":
                 entry["identical"] = bool(torch.equal(output, reference))
             if stats is not None:
                 entry["tau"] = None if math.isnan(stats.tau) else stats.tau
+                entry["seconds_split"] = {"target": round(stats.target_forward_seconds, 4), "cycles": stats.cycles,
+                                          "drafter": round(stats.drafter_forward_seconds, 4),
+                                          "loop": round(stats.total_seconds, 4)}  # where the best round's time went
                 for attr in ("controller", "shape_choice", "verify_ms"):
                     entry[attr] = jsonable(getattr(stats, attr, None))
             if name == "plain" or entry.get("identical") is False:
