@@ -13,7 +13,7 @@ and in bf16 to oneDNN, which reorders the weight into its blocked layout on ever
   :func:`hf_spec.compat.pack_linear_weight`), then multiplied without the per-call packing: in bf16 into oneDNN's
   layout (on that EPYC a SmolLM2-135M forward over 1 token went from 42 to 34 ms and over 8 tokens from 46 to 34, with
   the same bits as ``F.linear``), in float32 into MKL's packed sgemm layout (MKL packs the weight on every call of 4 or
-  more rows: on a 2-core Xeon with AMX a forward over 4 tokens went from 61.6 to 46.6 ms, over 8 from 74.3 to 56.1).
+  more rows: on a 2-core Xeon with AMX a forward over 4 tokens went from 43.3 to 40.4 ms, over 8 from 53.9 to 48.0).
   The copy costs the weight's memory again; packing stops before packed copies would take more than
   :data:`PACK_MEMORY_SHARE` of the memory that was free.
 
