@@ -20,9 +20,14 @@ The policy is a hill climb with probes:
 - it *exploits* one arm (``current``); every so often it *probes* a neighbour (one rung cheaper or costlier, an
   arm one step away in one coordinate, or plain, which bounds the worst case, from any rung) for a few cycles,
   until the probe has
-  committed ``probe_tokens`` tokens (at most ``max_probe_cycles`` cycles);
-- after a probe it moves to the neighbour when that measured faster per token by more than ``margin``; else the
-  next probe of that neighbour waits as long as an *exploration budget* allows: a probe that cost L seconds more than
+  committed ``probe_tokens`` tokens in two measured cycles or more (at most ``max_probe_cycles`` cycles);
+- after a probe it moves to the neighbour when that measured faster per token by more than ``margin`` and, between
+  two drafted arms, when the neighbour's probe cycles since the last move (the latest ``evidence_cycles``) say so
+  beyond ``significance`` standard errors: how many tokens a cycle commits varies from one to the whole tree, so a
+  probe of a few cycles reads an arm as fast or slow by chance, and the margin alone walked the controller between
+  drafted arms of about equal speed (on a 2-core Xeon in float32 HASS walked to costlier trees and ran 1.30x plain
+  where EAGLE kept the small ones and ran 1.46x); else the next probe of that neighbour waits as long as an
+  *exploration budget* allows: a probe that cost L seconds more than
   exploiting would have waits about L / (``exploration_budget`` x the exploited arm's seconds per cycle) cycles
   (at least ``first_interval``, at most ``max_interval``). So a neighbour that is hopeless is probed rarely, one
   that is close is probed often (cheaply: the text may have moved to where it wins, e.g. from prose to a
@@ -55,6 +60,7 @@ on a fake clock.
 
 from __future__ import annotations
 
+import math
 import statistics
 import weakref
 from dataclasses import dataclass, field
@@ -124,6 +130,16 @@ class SpeedController:
     cycles."""
     margin: float = 0.02
     """A neighbour must measure this much faster per token to be moved to (noise guard)."""
+    significance: float = 0.5
+    """…and, between two drafted arms, its probes' cycles must put it faster by the margin plus this many standard
+    errors of theirs: each cycle counts its time in units of the exploited arm's time per token, minus the tokens it
+    committed; the mean of that, plus this many standard errors, must be below minus the margin's share of a cycle's
+    tokens (a one-sided test of the gain). Moves between plain and a drafted arm take the margin alone: those arms
+    differ by much more than the noise when drafting pays, and a drafter that stops paying must be left within tens
+    of cycles."""
+    evidence_cycles: int = 24
+    """Measured probe cycles of a neighbour that the test weighs (the latest; all are dropped at a move, when the
+    exploited arm they were measured against changes)."""
     new_call_probe: float | None = 0.1
     """While plain is exploited, a new call probes the drafted neighbour in its second cycle when that neighbour's
     cycles committed at least this fraction more tokens than plain's (its drafts are accepted at all; None: never
@@ -159,6 +175,9 @@ class SpeedController:
         self._probe_cycles = 0
         self._probe_tokens = 0.0
         self._probe_cost = [0.0, 0.0]  # wall seconds and tokens of every cycle of the probe, switch cycle included
+        self._evidence: list[list[tuple[float, float]]] = [[] for _ in self.labels]
+        """Per neighbour, its probe cycles since the last move: (seconds over the exploited arm's seconds per token,
+        tokens committed)."""
         self._last: int | None = None  # arm of the last cycle (None: none yet in this call)
         self._decay = 0.5 ** (1.0 / self.half_life)
 
@@ -211,8 +230,14 @@ class SpeedController:
             if measured:
                 self._probe_cycles += 1
                 self._probe_tokens += tokens
-            if self._probe_tokens >= self.probe_tokens or self._probe_cycles >= self.max_probe_cycles or (
-                    self._probe_cycles >= 2 and self._hopeless(arm)):  # fmt: skip
+                ours = self._estimates[self.current].seconds_per_token
+                if ours:
+                    evidence = self._evidence[arm]
+                    evidence.append((seconds / ours, float(tokens)))
+                    del evidence[: -self.evidence_cycles]
+            enough = (self._probe_tokens >= self.probe_tokens or self._probe_cycles >= self.max_probe_cycles
+                      or self._hopeless(arm))  # fmt: skip
+            if self._probe_cycles >= 2 and enough:
                 self._end_probe()
 
     # -- policy ------------------------------------------------------------------------------------
@@ -238,9 +263,12 @@ class SpeedController:
         probe, self._probe = self._probe, None
         theirs = self._estimates[probe].seconds_per_token
         ours = self._estimates[self.current].seconds_per_token
-        if theirs is not None and (ours is None or theirs < ours * (1.0 - self.margin)):
+        faster = theirs is not None and (ours is None or theirs < ours * (1.0 - self.margin))
+        if faster and (ours is None or self._clearly_faster(probe)):
             left, self.current = self.current, probe
             self.moves += 1
+            for evidence in self._evidence:
+                evidence.clear()
             steep = ours is None or theirs < ours * (1.0 - self.momentum_gain)
             for n in self._neighbours():  # look further the same way soon; back where it came from later
                 onward = steep and n != 0 and (n > self.current) == (self.current > left)
@@ -250,6 +278,19 @@ class SpeedController:
             self._interval[probe] = self._budgeted_wait(ours)
             self._due[probe] = self.cycle + self._interval[probe]
             self._theirs[probe] = (theirs, ours) if theirs is not None and ours is not None else None
+
+    def _clearly_faster(self, probe: int) -> bool:
+        """Whether ``probe``'s cycles since the last move put it faster per token than the exploited arm by
+        :attr:`margin`, beyond :attr:`significance` standard errors (see there)."""
+        if probe == 0 or self.current == 0:
+            return True  # plain against drafting: the margin alone
+        evidence = self._evidence[probe]
+        if len(evidence) < 2:
+            return False
+        excess = [time - tokens for time, tokens in evidence]  # time in the exploited arm's tokens, minus tokens
+        mean_tokens = sum(tokens for _, tokens in evidence) / len(evidence)
+        bound = statistics.fmean(excess) + self.significance * statistics.stdev(excess) / math.sqrt(len(excess))
+        return bound < -self.margin * mean_tokens
 
     def _budgeted_wait(self, ours: float | None) -> int:
         """Cycles until the next probe of a neighbour whose probe just failed: what the probe cost (its wall time

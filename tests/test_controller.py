@@ -255,6 +255,47 @@ def test_a_ladder_of_two_dimensions_is_climbed_one_dimension_at_a_time():
         assert mean_seconds_per_token(used, costs, taus) <= 1.06 * best
 
 
+def chain_landscape(arms):
+    """Arm i = (cycle cost, acceptance per draft, tree depth): a cycle commits 1 + the drafts accepted in a row (a
+    draft is accepted with that probability, up to the depth), so tokens per cycle range over 1..depth + 1 as in
+    real decoding, not around a mean."""
+
+    def cycle(arm, n, rng):
+        cost, accept, depth = arms[arm]
+        tokens = 1
+        while tokens <= depth and rng.random() < accept:
+            tokens += 1
+        return cost * (1 + 0.1 * (2 * rng.random() - 1)), tokens
+
+    return cycle
+
+
+def test_drafted_arms_of_equal_speed_are_not_walked_between():
+    """Three tree depths with the same expected time per token: a probe of a few cycles reads one of them as faster
+    by chance about half the time, and the margin alone walked between them; the significance test of the probes'
+    cycles holds still most of the time, and still climbs to a clearly faster arm."""
+    taus = [1.0, 1.96, 2.3056, 2.43]  # 1 + .6 + .6^2 + ... up to depth 2, 4, 6
+    equal = [(1.0, 0.0, 0), (1.2, 0.6, 2), (1.2 * taus[2] / taus[1], 0.6, 4), (1.2 * taus[3] / taus[1], 0.6, 6)]
+    moves = {}
+    for significance in (0.0, SpeedController.significance):
+        moves[significance] = 0
+        for seed in range(6):
+            controller = SpeedController(["plain", "a", "b", "c"], start=2, significance=significance)
+            rng, cycle = random.Random(seed), chain_landscape(equal)
+            for n in range(3000):
+                if n % 64 == 0:
+                    controller.start_call()
+                arm = controller.choose()
+                controller.record(arm, *cycle(arm, n, rng))
+            moves[significance] += controller.moves
+    assert moves[SpeedController.significance] <= 0.6 * moves[0.0], moves
+    faster = [equal[0], equal[1], (0.8 * equal[2][0], 0.6, 4), equal[3]]  # b 20% faster per token than a and c
+    for seed in range(4):
+        controller = SpeedController(["plain", "a", "b", "c"], start=1)
+        used = run(controller, chain_landscape(faster), 400, random.Random(seed))
+        assert controller.current == 2 and used[200:].count(2) >= 0.75 * 200
+
+
 def test_neighbours_with_positions():
     """Plain and the ladder's rungs next to an arm, and per coordinate the nearest arm equal in the other one; plain's
     only neighbour is the cheapest rung. Positions are checked."""
