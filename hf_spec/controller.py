@@ -176,8 +176,8 @@ class SpeedController:
         self._probe_tokens = 0.0
         self._probe_cost = [0.0, 0.0]  # wall seconds and tokens of every cycle of the probe, switch cycle included
         self._evidence: list[list[tuple[float, float]]] = [[] for _ in self.labels]
-        """Per neighbour, its probe cycles since the last move: (seconds over the exploited arm's seconds per token,
-        tokens committed)."""
+        """Per drafted neighbour of a drafted exploited arm, its probe cycles since the last move: (seconds over the
+        exploited arm's seconds per token, tokens committed)."""
         self._last: int | None = None  # arm of the last cycle (None: none yet in this call)
         self._decay = 0.5 ** (1.0 / self.half_life)
 
@@ -231,7 +231,7 @@ class SpeedController:
                 self._probe_cycles += 1
                 self._probe_tokens += tokens
                 ours = self._estimates[self.current].seconds_per_token
-                if ours:
+                if ours and arm != 0 and self.current != 0:  # only moves between drafted arms weigh it
                     evidence = self._evidence[arm]
                     evidence.append((seconds / ours, float(tokens)))
                     del evidence[: -self.evidence_cycles]
