@@ -59,7 +59,7 @@ from .cache import crop_to, gather_positions, keep_accepted, select_rows
 from .controller import SpeedController
 from .drafters.hybrid import with_ngram_branches
 from .drafters.session import DraftingSession, check_node_count
-from .static_cache import static_layout, wants_static_cache
+from .static_cache import MAX_BUCKET, static_layout, wants_static_cache
 from .stats import BatchGenerationStats, GenerationStats
 from .tree.tree import DraftTree
 from .verify import WalkResult, greedy_plan, greedy_result, verify_tree
@@ -287,8 +287,8 @@ class _OneRowCache:
     engines = None
     """Every forward runs eagerly: no engine choice (see :attr:`~hf_spec.static_cache.StaticTreeCache.engines`)."""
 
-    def __init__(self):
-        self.cache = compat.full_dynamic_cache()
+    def __init__(self, capacity: int | None):
+        self.cache = compat.full_dynamic_cache(capacity)
         self.past = 0
 
     def prefill(self, target: _Target, input_ids: torch.Tensor) -> torch.Tensor:
@@ -329,12 +329,12 @@ class _PaddedCache:
     engines = None
     """Every forward runs eagerly: no engine choice."""
 
-    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, capacity: int | None):
         self.pads = left_padding(attention_mask, input_ids)
         device = input_ids.device
         self.valid = torch.arange(input_ids.shape[1], device=device).view(1, -1) >= self.pads.to(device).view(-1, 1)
         self.slot_pos = (self.valid.long().cumsum(dim=1) - 1).clamp(min=0)
-        self.cache = compat.full_dynamic_cache()
+        self.cache = compat.full_dynamic_cache(capacity)
         self.start_pos = None
 
     def prefill(self, target: _Target, input_ids: torch.Tensor) -> torch.Tensor:
@@ -567,7 +567,8 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     if wants_static_cache(gc):
         layout = static_layout(model, gc, call.max_length, one_row)
     else:
-        layout = _OneRowCache() if one_row else _PaddedCache(input_ids, attention_mask)
+        capacity = None if call.max_length is None else call.max_length + MAX_BUCKET  # the call's longest cache
+        layout = _OneRowCache(capacity) if one_row else _PaddedCache(input_ids, attention_mask, capacity)
     features = layout.prefill(target, input_ids)
     last_logits = target.logits(features[:, -1])
     rows: list[_Row] = []

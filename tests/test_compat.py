@@ -55,6 +55,63 @@ def test_dynamic_cache_crop_negative_count():
     assert cache.get_seq_length() == 6
 
 
+def _same_layers(a, b):
+    for (_, ka, va), (_, kb, vb) in zip(compat.cache_layers_kv(a), compat.cache_layers_kv(b), strict=True):
+        torch.testing.assert_close(ka, kb, rtol=0, atol=0)
+        torch.testing.assert_close(va, vb, rtol=0, atol=0)
+
+
+def test_preallocated_cache_holds_what_a_dynamic_cache_holds_and_appends_in_place():
+    """The target's cache (full_dynamic_cache: DynamicCache.layer_class_to_replicate set to PreallocatedLayer)
+    holds, after every forward, crop and compaction the decoding loop makes, exactly what transformers' own
+    DynamicCache holds; and a forward within the buffer's room appends without moving the layer."""
+    from hf_spec.cache import gather_positions, keep_accepted, select_rows
+
+    target = make_target("llama")
+    ours, theirs = compat.full_dynamic_cache(capacity=64), DynamicCache()
+    assert all(isinstance(layer, compat.PreallocatedLayer) for layer in ours.layers) and not ours.layers
+
+    def forward(ids):
+        with torch.no_grad():
+            for cache in (ours, theirs):
+                target(input_ids=ids, past_key_values=cache, use_cache=True,
+                       position_ids=torch.arange(cache.get_seq_length(), cache.get_seq_length() + ids.shape[1])
+                       .expand(ids.shape[0], -1))  # fmt: skip
+        _same_layers(ours, theirs)
+
+    forward(random_prompt(10).repeat(2, 1))
+    assert all(isinstance(layer, compat.PreallocatedLayer) for layer in ours.layers), (
+        "DynamicCache.update no longer appends layer_class_to_replicate() (compat.full_dynamic_cache)")
+    addresses = [keys.data_ptr() for _, keys, _ in compat.cache_layers_kv(ours)]
+    forward(random_prompt(4).repeat(2, 1))
+    for cache in (ours, theirs):
+        keep_accepted(cache, 10, torch.tensor([0, 2, 3]))  # a non-contiguous path: moved down in place
+    _same_layers(ours, theirs)
+    forward(random_prompt(1).repeat(2, 1))
+    for cache in (ours, theirs):
+        compat.crop_cache(cache, 12)
+    forward(random_prompt(3).repeat(2, 1))
+    assert [keys.data_ptr() for _, keys, _ in compat.cache_layers_kv(ours)] == addresses, "appending moved a layer"
+    for cache in (ours, theirs):
+        gather_positions(cache, 5, torch.tensor([[7, 9], [6, 11]]))
+    forward(random_prompt(2).repeat(2, 1))
+    for cache in (ours, theirs):
+        select_rows(cache, torch.tensor([1]))  # new tensors: the next forward copies them into a new buffer
+    forward(random_prompt(60))  # beyond the capacity hint: the buffer grows
+    assert ours.get_seq_length() == theirs.get_seq_length() == 69
+
+
+def test_preallocated_layer_allocates_ahead_at_most_its_capacity():
+    layer = compat.PreallocatedLayer(capacity=40)
+    keys = torch.randn(1, 2, 16, 8)
+    layer.update(keys, keys.clone())
+    assert layer._key_buffer.shape[-2] == 32  # twice what it needs, within the capacity
+    layer.update(torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8))
+    assert layer._key_buffer.shape[-2] == 40 and layer.get_seq_length() == 36
+    layer.update(torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8))  # past the capacity: doubles
+    assert layer._key_buffer.shape[-2] == 92 and torch.equal(layer.keys[..., :16, :], keys)
+
+
 def test_crop_cache_layers_crops_only_the_given_layers():
     _, cache = _filled_cache(10)
     compat.crop_cache_layers(cache, [1, 5], 4)  # layer 5 does not exist: skipped
