@@ -2,7 +2,7 @@
 
 - **Worst case**: a randomly initialised drafter (the HASS folder's architecture and shape candidates, its
   weights re-drawn, no n-gram branches: acceptance ~0) through the default controller, against plain greedy
-  ``generate()``, interleaved per prompt. The controller must fall back to plain steps and cost little. On a CPU
+  ``generate()``. The controller must fall back to plain steps and cost little. On a CPU
   the reference that isolates the controller is plain ``generate()`` inside ``hf_spec.few_row_linears`` and
   ``hf_spec.few_query_attention`` (the kernels every hf-spec call decodes with; ``plain_few_row``), timed beside
   plain.
@@ -11,6 +11,10 @@
   be what its tau predicts: tau tokens per cycle at the cost of one verification of ``depth + 1`` tokens,
   predicted = plain_few_row tokens/s x tau x t(1) / t(depth + 1), with t(k) the timed target forward of k new
   tokens on a cached prompt (``transformers`` calls inside the same two blocks).
+
+Each prompt runs ``--repeats`` rounds of every method once, who goes first rotating; each method keeps its fastest
+round, and the worst case is also read paired: per prompt the median over rounds of the random drafter's time
+against ``plain_few_row``'s in the same round (a machine whose speed drifts between rounds moves both).
 
 One process, one fresh controller per drafter (cold: nothing on disk is read). Public API only.
 
@@ -123,7 +127,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--oracle-depth", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per prompt and method, fastest kept")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="rounds per prompt (every method once, who goes first rotating); fastest kept, and paired")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     dtype = dtype_name(resolve_dtype(args.dtype))
@@ -139,35 +144,50 @@ def main(argv=None) -> dict:
                                          return_tensors="pt", return_dict=True)["input_ids"]  # fmt: skip
     oracle.reference = target.generate(warm, **common)[0]  # untimed warm-up of every path, on a prompt not timed
     target.generate(warm, assistant_model=oracle, speed_controller=False, **common)
+    with hf_spec.few_row_linears(target), hf_spec.few_query_attention():
+        target.generate(warm, **common)
     target.generate(warm, assistant_model=randomly, speed_controller=False, **common)
 
-    rows = []
+    def plain_few_row():
+        with hf_spec.few_row_linears(target), hf_spec.few_query_attention():
+            return target.generate(prompt, **common)
+
+    methods = {"plain": lambda: target.generate(prompt, **common), "plain_few_row": plain_few_row,
+               "random": lambda: target.generate(prompt, assistant_model=randomly, **common),
+               "oracle": lambda: target.generate(prompt, assistant_model=oracle, **common)}  # fmt: skip
+    drafters = {"random": randomly, "oracle": oracle}
+    rows, turn = [], 0
     for i, prompt in enumerate(prompts):
-        plain_s = few_s = rand_s = orac_s = math.inf
-        for _ in range(args.repeats):  # best of the repeats: a single run per prompt reads ±5% of noise
-            plain, seconds = timed(lambda: target.generate(prompt, **common))
-            plain_s = min(plain_s, seconds)
-            with hf_spec.few_row_linears(target), hf_spec.few_query_attention():
-                few, seconds = timed(lambda: target.generate(prompt, **common))
-            few_s = min(few_s, seconds)
-            oracle.reference = plain[0]
-            rand, seconds = timed(lambda: target.generate(prompt, assistant_model=randomly, **common))
-            if seconds < rand_s:  # the stats of the call whose time is kept
-                rand_s, rand_stats = seconds, randomly.last_generation_stats
-            orac, seconds = timed(lambda: target.generate(prompt, assistant_model=oracle, **common))
-            if seconds < orac_s:
-                orac_s, orac_stats = seconds, oracle.last_generation_stats
-        new = plain.shape[1] - prompt.shape[1]
-        rows.append({"prompt": i, "new_tokens": new, "plain_s": plain_s, "plain_few_row_s": few_s, "random_s": rand_s,
-                     "oracle_s": orac_s, "random_identical": bool(torch.equal(rand, plain)),
-                     "oracle_identical": bool(torch.equal(orac, plain)), "few_row_identical": bool(torch.equal(few, plain)),
+        oracle.reference = target.generate(prompt, **common)[0]  # the oracle's chain: plain greedy
+        rounds = {name: [] for name in methods}
+        best, outputs = {}, {}
+        for _ in range(args.repeats):  # every method once per round, who goes first rotating
+            names = list(methods)[turn % len(methods):] + list(methods)[: turn % len(methods)]
+            turn += 1
+            for name in names:
+                out, seconds = timed(methods[name])
+                rounds[name].append(seconds)
+                if name not in best or seconds < best[name][0]:  # the stats of the call whose time is kept
+                    best[name] = (seconds, getattr(drafters.get(name), "last_generation_stats", None))
+                outputs[name] = out
+        rand_stats, orac_stats = best["random"][1], best["oracle"][1]
+        plain, new = outputs["plain"], outputs["plain"].shape[1] - prompt.shape[1]
+        paired = [few / rand for few, rand in zip(rounds["plain_few_row"], rounds["random"])]
+        rows.append({"prompt": i, "new_tokens": new, "plain_s": best["plain"][0],
+                     "plain_few_row_s": best["plain_few_row"][0], "random_s": best["random"][0],
+                     "oracle_s": best["oracle"][0], "seconds_by_round": rounds,
+                     "random_over_plain_few_row_paired": statistics.median(paired),
+                     "random_identical": bool(torch.equal(outputs["random"], plain)),
+                     "oracle_identical": bool(torch.equal(outputs["oracle"], plain)),
+                     "few_row_identical": bool(torch.equal(outputs["plain_few_row"], plain)),
                      "random_tau": rand_stats.tau, "oracle_tau": orac_stats.tau,
                      "random_plain_cycles": rand_stats.arm_per_cycle.count(0) / max(rand_stats.cycles, 1),
                      "oracle_plain_cycles": orac_stats.arm_per_cycle.count(0) / max(orac_stats.cycles, 1)})  # fmt: skip
         r = rows[-1]
-        print(f"[{i + 1}/{len(prompts)}] plain_few_row x{plain_s / few_s:.3f}; over plain_few_row: random "
-              f"x{few_s / rand_s:.3f} (plain cycles {r['random_plain_cycles']:.0%}), oracle x{few_s / orac_s:.2f} "
-              f"tau {r['oracle_tau']:.2f}", flush=True)  # fmt: skip
+        print(f"[{i + 1}/{len(prompts)}] plain_few_row x{r['plain_s'] / r['plain_few_row_s']:.3f}; over "
+              f"plain_few_row: random x{r['plain_few_row_s'] / r['random_s']:.3f} (paired by round "
+              f"x{r['random_over_plain_few_row_paired']:.3f}, plain cycles {r['random_plain_cycles']:.0%}), oracle "
+              f"x{r['plain_few_row_s'] / r['oracle_s']:.2f} tau {r['oracle_tau']:.2f}", flush=True)  # fmt: skip
 
     with hf_spec.few_row_linears(target), hf_spec.few_query_attention():
         t1 = forward_ms(target, prompts[0], 1)
@@ -183,6 +203,8 @@ def main(argv=None) -> dict:
         "random_over_plain": total["plain_s"] / total["random_s"],
         "random_over_plain_few_row": total["plain_few_row_s"] / total["random_s"],
         "random_over_plain_few_row_worst_prompt": min(r["plain_few_row_s"] / r["random_s"] for r in rows),
+        "random_over_plain_few_row_paired": statistics.geometric_mean(
+            [r["random_over_plain_few_row_paired"] for r in rows]),  # per prompt: the median over rounds
         "random_over_plain_few_row_after_first": (sum(r["plain_few_row_s"] for r in rows[1:])
                                                   / sum(r["random_s"] for r in rows[1:]) if len(rows) > 1 else math.nan),
         "oracle_over_plain": total["plain_s"] / total["oracle_s"],
