@@ -567,7 +567,8 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     if wants_static_cache(gc):
         layout = static_layout(model, gc, call.max_length, one_row)
     else:
-        capacity = None if call.max_length is None else call.max_length + MAX_BUCKET  # the call's longest cache
+        # what the cache's buffers allocate ahead: the call's positions and a large tree (past it they double)
+        capacity = None if call.max_length is None else call.max_length + MAX_BUCKET
         layout = _OneRowCache(capacity) if one_row else _PaddedCache(input_ids, attention_mask, capacity)
     features = layout.prefill(target, input_ids)
     last_logits = target.logits(features[:, -1])
