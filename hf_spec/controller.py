@@ -21,20 +21,20 @@ The policy is a hill climb with probes:
   arm one step away in one coordinate, or plain, which bounds the worst case, from any rung) for a few cycles,
   until the probe has
   committed ``probe_tokens`` tokens in two measured cycles or more (at most ``max_probe_cycles`` cycles);
-- after a probe it moves to the neighbour when that measured faster per token by more than ``margin`` and, between
-  two drafted arms, when the neighbour's probe cycles since the last move (the latest ``evidence_cycles``) say so
-  beyond ``significance`` standard errors: how many tokens a cycle commits varies from one to the whole tree, so a
+- after a probe it moves to the neighbour when that measured faster per token by more than ``margin`` (between plain
+  and a drafted arm that commits hardly more tokens per cycle than a plain step, the token counts decide: plain) and,
+  between two drafted arms, when the neighbour's probe cycles since the last move (the latest ``evidence_cycles``) say
+  so beyond ``significance`` standard errors: how many tokens a cycle commits varies from one to the whole tree, so a
   probe of a few cycles reads an arm as fast or slow by chance, and the margin alone walked the controller between
   drafted arms of about equal speed (on a 2-core Xeon in float32 HASS walked to costlier trees and ran 1.30x plain
   where EAGLE kept the small ones and ran 1.46x); else the next probe of that neighbour waits as long as an
-  *exploration budget* allows: a probe that cost L seconds more than
-  exploiting would have waits about L / (``exploration_budget`` x the exploited arm's seconds per cycle) cycles
-  (at least ``first_interval``, at most ``max_interval``). So a neighbour that is hopeless is probed rarely, one
-  that is close is probed often (cheaply: the text may have moved to where it wins, e.g. from prose to a
-  passage the n-gram branches copy), and exploration costs about ``exploration_budget`` of the time whatever
-  the arms are; a probe of a neighbour far slower ends after two cycles (``give_up``). A drafted neighbour is
-  also probed at once when the exploited arm's time per token comes near what the neighbour measured
-  (``catch_up``);
+  *exploration budget* allows: a probe that cost L seconds more than exploiting would have waits about L /
+  (``exploration_budget`` x the exploited arm's seconds per cycle) cycles (at least ``first_interval``, at most
+  ``max_interval``). So a neighbour that is hopeless is probed rarely, one that is close is probed often (cheaply: the
+  text may have moved to where it wins, e.g. from prose to a passage the n-gram branches copy), and exploration costs
+  about ``exploration_budget`` of the time whatever the arms are; a probe of a neighbour far slower ends after two
+  cycles (``give_up``). A drafted neighbour is also probed at once when the exploited arm's time per token comes near
+  what the neighbour measured (``catch_up``);
 - after a move it probes the next rungs the same way up or down the ladder soon (``momentum``); while plain is
   exploited, each new
   ``generate()`` call probes the drafted neighbour early when its drafts are accepted at all (``new_call_probe``):
@@ -75,11 +75,13 @@ class _Estimate:
     seconds: float = 0.0
     tokens: float = 0.0
     weight: float = 0.0  # discounted count of cycles
+    rows: float = 0.0  # discounted count of row-cycles (a cycle of a batch of b rows counts b)
 
     def decay(self, factor: float) -> None:
         self.seconds *= factor
         self.tokens *= factor
         self.weight *= factor
+        self.rows *= factor
 
     @property
     def seconds_per_cycle(self) -> float | None:
@@ -88,6 +90,11 @@ class _Estimate:
     @property
     def seconds_per_token(self) -> float | None:
         return self.seconds / self.tokens if self.tokens > 0 else None
+
+    @property
+    def tokens_per_row(self) -> float | None:
+        """Tokens one row commits per cycle (a plain step: exactly 1)."""
+        return self.tokens / self.rows if self.rows > 0 else None
 
 
 @dataclass
@@ -129,7 +136,12 @@ class SpeedController:
     arm's): one stall (another process, a pause, a first-time kernel build) must not condemn an arm for hundreds of
     cycles."""
     margin: float = 0.02
-    """A neighbour must measure this much faster per token to be moved to (noise guard)."""
+    """A neighbour must measure this much faster per token to be moved to (noise guard). Between plain and a drafted
+    arm whose cycles commit less than this fraction more tokens per row than plain's one, the token counts decide
+    and plain is chosen, whatever the times read: a drafted cycle costs at least a plain step (a verification of
+    more tokens, and drafting), so such an arm cannot be faster by the margin, and a noisy machine's timings (slow
+    spells lasting seconds) would otherwise keep a drafter that accepts nothing running for a third of its cycles or
+    more."""
     significance: float = 0.5
     """…and, between two drafted arms, its probes' cycles must put it faster by the margin plus this many standard
     errors of theirs: each cycle counts its time in units of the exploited arm's time per token, minus the tokens it
@@ -142,11 +154,11 @@ class SpeedController:
     exploited arm they were measured against changes)."""
     new_call_probe: float | None = 0.1
     """While plain is exploited, a new call probes the drafted neighbour in its second cycle when that neighbour's
-    cycles committed at least this fraction more tokens than plain's (its drafts are accepted at all; None: never
-    early). Plain's time per token does not depend on the text, so nothing plain measures says that a new prompt
-    (code after prose) now favours drafting: a drafter that did not pay on a prose answer must not keep the next
-    answer on plain for hundreds of cycles. A drafter whose drafts are not accepted (an untrained one) is not
-    re-probed per call: its probes wait what they cost over the exploration budget, so the worst case stays
+    cycles committed at least this fraction more tokens per row than plain's one (its drafts are accepted at all;
+    None: never early). Plain's time per token does not depend on the text, so nothing plain measures says that a
+    new prompt (code after prose) now favours drafting: a drafter that did not pay on a prose answer must not keep
+    the next answer on plain for hundreds of cycles. A drafter whose drafts are not accepted (an untrained one) is
+    not re-probed per call: its probes wait what they cost over the exploration budget, so the worst case stays
     bounded."""
     momentum: int = 2
     """After a move that gained at least ``momentum_gain``, the next rung the same way is probed after this many
@@ -188,7 +200,8 @@ class SpeedController:
         self._last = None
         if self.current == 0 and self.new_call_probe is not None:
             for n in self._neighbours():
-                if self._accepts(n) and self._due[n] > self.cycle + 2:  # the call's first cycle is not measured
+                # the call's first cycle is not measured
+                if self._accepts(n, self.new_call_probe) and self._due[n] > self.cycle + 2:
                     self._due[n], self._theirs[n] = self.cycle + 2, None
 
     def choose(self) -> int:
@@ -207,8 +220,9 @@ class SpeedController:
                 self.probes += 1
         return self._probe if self._probe is not None else self.current
 
-    def record(self, arm: int, seconds: float, tokens: int) -> None:
-        """One finished cycle of ``arm``: its wall ``seconds`` and the tokens it committed (every row)."""
+    def record(self, arm: int, seconds: float, tokens: int, rows: int = 1) -> None:
+        """One finished cycle of ``arm``: its wall ``seconds``, the tokens it committed (every row) and the rows it
+        ran (a plain cycle commits one token per row)."""
         measured = self._last == arm
         self._last = arm
         self.cycle += 1
@@ -224,6 +238,7 @@ class SpeedController:
             estimate.seconds += seconds
             estimate.tokens += tokens
             estimate.weight += 1.0
+            estimate.rows += rows
         if self._probe is not None and arm == self._probe:
             self._probe_cost[0] += seconds
             self._probe_cost[1] += tokens
@@ -246,13 +261,11 @@ class SpeedController:
         plain (arm 0), which bounds the worst case, from anywhere."""
         return self._adjacent[self.current]
 
-    def _accepts(self, arm: int) -> bool:
-        """Whether ``arm``'s measured cycles commit :attr:`new_call_probe` more tokens than plain's (True when either
-        has not been measured). Token counts fade as slowly as times, so this remembers a drafter's last texts."""
-        mine, plain = self._estimates[arm], self._estimates[0]
-        if mine.weight <= 0.0 or plain.weight <= 0.0 or plain.tokens <= 0.0:
-            return True
-        return mine.tokens / mine.weight >= (1.0 + self.new_call_probe) * plain.tokens / plain.weight
+    def _accepts(self, arm: int, fraction: float) -> bool:
+        """Whether ``arm``'s measured cycles commit ``fraction`` more tokens per row than a plain step's one (True when
+        it has not been measured). Token counts fade as slowly as times, so this remembers a drafter's last texts."""
+        per_row = self._estimates[arm].tokens_per_row
+        return per_row is None or per_row >= 1.0 + fraction
 
     def _hopeless(self, probe: int) -> bool:
         theirs = self._estimates[probe].seconds_per_token
@@ -264,6 +277,10 @@ class SpeedController:
         theirs = self._estimates[probe].seconds_per_token
         ours = self._estimates[self.current].seconds_per_token
         faster = theirs is not None and (ours is None or theirs < ours * (1.0 - self.margin))
+        if probe == 0 and theirs is not None and not self._accepts(self.current, self.margin):
+            faster = True  # drafting that commits hardly more than plain steps cannot beat them: timing noise said so
+        elif self.current == 0 and not self._accepts(probe, self.margin):
+            faster = False
         if faster and (ours is None or self._clearly_faster(probe)):
             left, self.current = self.current, probe
             self.moves += 1
