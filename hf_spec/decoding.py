@@ -597,8 +597,10 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     while True:
         # Emit: the last cycle's tokens join each row's sequence; stop checks.
         call.emit(active)
-        if controller is not None and cycle_start is not None:  # the cycle's wall time, emit included
-            controller.record(arm_index, time.perf_counter() - cycle_start, committed, rows=len(active))
+        if cycle_start is not None:  # the cycle's wall time, emit included
+            stats.cycle_seconds.append(time.perf_counter() - cycle_start)
+            if controller is not None:
+                controller.record(arm_index, stats.cycle_seconds[-1], committed, rows=len(active))
         everyone_stopped = all(row.stop_length is not None for row in rows)
         horizon = max(row.stop_length for row in rows) if everyone_stopped else None
 

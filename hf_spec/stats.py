@@ -53,6 +53,9 @@ class GenerationStats:
     arm_per_cycle: list[int] = field(default_factory=list)
     """The speed controller's arm of each cycle (an index into ``controller["arms"]``; arm 0 drafts nothing);
     empty when the call fixed its shape (no controller)."""
+    cycle_seconds: list[float] = field(default_factory=list)
+    """Wall seconds of each cycle (propose, verify, commit and emit; for a batch, of all its rows), as the speed
+    controller measures them."""
     controller: dict | None = None
     """What the speed controller (:mod:`hf_spec.controller`) knew after this call: ``arms`` (labels, ``plain``
     first), ``current`` (the arm it exploits), ``ms_per_token`` (measured wall milliseconds per committed token

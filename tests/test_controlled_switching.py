@@ -191,4 +191,6 @@ def test_the_default_controller_reports_its_arms_on_the_packaged_model(smollm2):
     report = drafter.last_generation_stats.controller
     assert report["arms"][0] == "plain" and len(report["arms"]) == 1 + len(drafter.config.tree_shape_candidates)
     assert report["ms_per_token"][report["current"]] > 0
-    assert len(drafter.last_generation_stats.arm_per_cycle) == drafter.last_generation_stats.cycles
+    stats = drafter.last_generation_stats
+    assert len(stats.arm_per_cycle) == len(stats.cycle_seconds) == stats.cycles
+    assert all(s > 0 for s in stats.cycle_seconds) and sum(stats.cycle_seconds) < stats.total_seconds
