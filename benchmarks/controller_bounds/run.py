@@ -14,7 +14,10 @@
 
 Each prompt runs ``--repeats`` rounds of every method once, who goes first rotating; each method keeps its fastest
 round, and the worst case is also read paired: per prompt the median over rounds of the random drafter's time
-against ``plain_few_row``'s in the same round (a machine whose speed drifts between rounds moves both).
+against ``plain_few_row``'s in the same round (a machine whose speed drifts between rounds moves both), and
+within the call: the random drafter's tokens at the median time of the call's own plain cycles, over the time of
+all its cycles (drift between calls moves both; the prefill is left out, and so is any difference between the
+loop's plain step and ``generate()``'s, which the paired reading keeps).
 
 One process, one fresh controller per drafter (cold: nothing on disk is read). Public API only.
 
@@ -115,6 +118,17 @@ def forward_ms(model, prompt: torch.Tensor, k: int, repeats: int = 15) -> float:
     return statistics.median(times)
 
 
+def within_call(stats) -> float | None:
+    """What plain steps would have cost over what the call's cycles cost, both from the call's own cycles: its
+    tokens at the median time of its plain cycles, over the time of all its cycles (None: no plain cycle). A
+    machine whose speed drifts between calls moves both sides."""
+    plain = [seconds for seconds, arm in zip(stats.cycle_seconds, stats.arm_per_cycle) if arm == 0]
+    if not plain:
+        return None
+    tokens = sum(stats.accepted_lengths) + len(stats.accepted_lengths)
+    return tokens * statistics.median(plain) / sum(stats.cycle_seconds)
+
+
 def timed(fn):
     start = time.perf_counter()
     out = fn()
@@ -160,7 +174,7 @@ def main(argv=None) -> dict:
     for i, prompt in enumerate(prompts):
         oracle.reference = target.generate(prompt, **common)[0]  # the oracle's chain: plain greedy
         rounds = {name: [] for name in methods}
-        best, outputs = {}, {}
+        best, outputs, own = {}, {}, []
         for _ in range(args.repeats):  # every method once per round, who goes first rotating
             names = list(methods)[turn % len(methods):] + list(methods)[: turn % len(methods)]
             turn += 1
@@ -170,6 +184,8 @@ def main(argv=None) -> dict:
                 if name not in best or seconds < best[name][0]:  # the stats of the call whose time is kept
                     best[name] = (seconds, getattr(drafters.get(name), "last_generation_stats", None))
                 outputs[name] = out
+                if name == "random":
+                    own.append(within_call(randomly.last_generation_stats))
         rand_stats, orac_stats = best["random"][1], best["oracle"][1]
         plain, new = outputs["plain"], outputs["plain"].shape[1] - prompt.shape[1]
         paired = [few / rand for few, rand in zip(rounds["plain_few_row"], rounds["random"])]
@@ -177,6 +193,8 @@ def main(argv=None) -> dict:
                      "plain_few_row_s": best["plain_few_row"][0], "random_s": best["random"][0],
                      "oracle_s": best["oracle"][0], "seconds_by_round": rounds,
                      "random_over_plain_few_row_paired": statistics.median(paired),
+                     "random_within_call_by_round": own,
+                     "random_within_call": statistics.median([x for x in own if x is not None] or [math.nan]),
                      "random_identical": bool(torch.equal(outputs["random"], plain)),
                      "oracle_identical": bool(torch.equal(outputs["oracle"], plain)),
                      "few_row_identical": bool(torch.equal(outputs["plain_few_row"], plain)),
@@ -186,7 +204,8 @@ def main(argv=None) -> dict:
         r = rows[-1]
         print(f"[{i + 1}/{len(prompts)}] plain_few_row x{r['plain_s'] / r['plain_few_row_s']:.3f}; over "
               f"plain_few_row: random x{r['plain_few_row_s'] / r['random_s']:.3f} (paired by round "
-              f"x{r['random_over_plain_few_row_paired']:.3f}, plain cycles {r['random_plain_cycles']:.0%}), oracle "
+              f"x{r['random_over_plain_few_row_paired']:.3f}, within the call x{r['random_within_call']:.3f}, "
+              f"plain cycles {r['random_plain_cycles']:.0%}), oracle "
               f"x{r['plain_few_row_s'] / r['oracle_s']:.2f} tau {r['oracle_tau']:.2f}", flush=True)  # fmt: skip
 
     with hf_spec.few_row_linears(target), hf_spec.few_query_attention():
@@ -205,6 +224,7 @@ def main(argv=None) -> dict:
         "random_over_plain_few_row_worst_prompt": min(r["plain_few_row_s"] / r["random_s"] for r in rows),
         "random_over_plain_few_row_paired": statistics.geometric_mean(
             [r["random_over_plain_few_row_paired"] for r in rows]),  # per prompt: the median over rounds
+        "random_within_call": statistics.geometric_mean([r["random_within_call"] for r in rows]),
         "random_over_plain_few_row_after_first": (sum(r["plain_few_row_s"] for r in rows[1:])
                                                   / sum(r["random_s"] for r in rows[1:]) if len(rows) > 1 else math.nan),
         "oracle_over_plain": total["plain_s"] / total["oracle_s"],
