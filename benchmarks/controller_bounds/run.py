@@ -15,9 +15,10 @@
 Each prompt runs ``--repeats`` rounds of every method once, who goes first rotating; each method keeps its fastest
 round, and the worst case is also read paired: per prompt the median over rounds of the random drafter's time
 against ``plain_few_row``'s in the same round (a machine whose speed drifts between rounds moves both), and
-within the call: the random drafter's tokens at the median time of the call's own plain cycles, over the time of
-all its cycles (drift between calls moves both; the prefill is left out, and so is any difference between the
-loop's plain step and ``generate()``'s, which the paired reading keeps).
+within the call: each drafted cycle's tokens at the median time of the plain cycles around it, plus the plain
+cycles' own time, over the time of all the call's cycles (drift between calls and slow spells within one move
+both; the prefill is left out, and so is any difference between the loop's plain step and ``generate()``'s, which
+the paired reading keeps).
 
 One process, one fresh controller per drafter (cold: nothing on disk is read). Public API only.
 
@@ -118,15 +119,23 @@ def forward_ms(model, prompt: torch.Tensor, k: int, repeats: int = 15) -> float:
     return statistics.median(times)
 
 
-def within_call(stats) -> float | None:
-    """What plain steps would have cost over what the call's cycles cost, both from the call's own cycles: its
-    tokens at the median time of its plain cycles, over the time of all its cycles (None: no plain cycle). A
-    machine whose speed drifts between calls moves both sides."""
-    plain = [seconds for seconds, arm in zip(stats.cycle_seconds, stats.arm_per_cycle) if arm == 0]
+def within_call(stats, nearest: int = 8) -> float | None:
+    """What plain steps would have cost over what the call's cycles cost, both read in the call itself: each drafted
+    cycle's tokens at the median time of the ``nearest`` plain cycles around it, plus the plain cycles' own time,
+    over the time of all cycles (None: no plain cycle). A machine whose speed drifts between calls, or within one in
+    spells, moves both sides."""
+    times, arms = stats.cycle_seconds, stats.arm_per_cycle
+    plain = [i for i, arm in enumerate(arms) if arm == 0]
     if not plain:
         return None
-    tokens = sum(stats.accepted_lengths) + len(stats.accepted_lengths)
-    return tokens * statistics.median(plain) / sum(stats.cycle_seconds)
+    would = 0.0
+    for i, (seconds, arm) in enumerate(zip(times, arms)):
+        if arm == 0:
+            would += seconds
+        else:
+            near = sorted(plain, key=lambda j: abs(j - i))[:nearest]
+            would += (stats.accepted_lengths[i] + 1) * statistics.median(times[j] for j in near)
+    return would / sum(times)
 
 
 def timed(fn):
