@@ -153,9 +153,9 @@ class SpeedController:
     """Measured probe cycles of a neighbour that the test weighs (the latest; all are dropped at a move, when the
     exploited arm they were measured against changes)."""
     new_call_probe: float | None = 0.1
-    """While plain is exploited, a new call probes the drafted neighbour in its second cycle when that neighbour's
-    cycles committed at least this fraction more tokens per row than plain's one (its drafts are accepted at all;
-    None: never early). Plain's time per token does not depend on the text, so nothing plain measures says that a
+    """While plain is exploited, a new call probes the drafted neighbour in its second cycle when any drafted arm's
+    cycles committed at least this fraction more tokens per row than plain's one (the drafter's drafts are accepted
+    at all; None: never early). Plain's time per token does not depend on the text, so nothing plain measures says that a
     new prompt (code after prose) now favours drafting: a drafter that did not pay on a prose answer must not keep
     the next answer on plain for hundreds of cycles. A drafter whose drafts are not accepted (an untrained one) is
     not re-probed per call: its probes wait what they cost over the exploration budget, so the worst case stays
@@ -198,10 +198,9 @@ class SpeedController:
         """A new ``generate()`` call: its first cycle is not measured (the drafter reads the prompt). When plain is
         exploited, the drafted neighbour is probed early in the call (see :attr:`new_call_probe`)."""
         self._last = None
-        if self.current == 0 and self.new_call_probe is not None:
+        if self.current == 0 and self.new_call_probe is not None and self._drafts_accepted():
             for n in self._neighbours():
-                # the call's first cycle is not measured
-                if self._accepts(n, self.new_call_probe) and self._due[n] > self.cycle + 2:
+                if self._due[n] > self.cycle + 2:  # the call's first cycle is not measured
                     self._due[n], self._theirs[n] = self.cycle + 2, None
 
     def choose(self) -> int:
@@ -266,6 +265,13 @@ class SpeedController:
         it has not been measured). Token counts fade as slowly as times, so this remembers a drafter's last texts."""
         per_row = self._estimates[arm].tokens_per_row
         return per_row is None or per_row >= 1.0 + fraction
+
+    def _drafts_accepted(self) -> bool:
+        """Whether any drafted arm's measured cycles commit :attr:`new_call_probe` more tokens per row than plain's
+        one (True when none has been measured): whether the drafter's drafts are accepted at all. Any arm: the
+        cheapest, plain's neighbour, drafts one token and may have run three cycles of a prose answer."""
+        rates = [e.tokens_per_row for e in self._estimates[1:] if e.tokens_per_row is not None]
+        return not rates or max(rates) >= 1.0 + self.new_call_probe
 
     def _hopeless(self, probe: int) -> bool:
         theirs = self._estimates[probe].seconds_per_token

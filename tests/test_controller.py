@@ -216,6 +216,19 @@ def test_a_new_call_on_plain_probes_drafting_early():
     assert used[-30:].count(1) >= 24  # exploits drafting, probing plain now and then
 
 
+def test_a_new_call_on_plain_probes_drafting_early_when_any_drafted_arm_was_accepted():
+    """Plain's neighbour is the cheapest rung (one drafted token): on a prose answer it may run a few cycles that
+    accept nothing while a bigger tree's drafts were accepted. The drafter's drafts are accepted at all, so the next
+    call (code) still probes drafting within a few cycles."""
+    controller = SpeedController(["plain", "small", "large"], start=2)
+    controller.start_call()
+    used = run(controller, landscape([1.0, 1.2, 1.4], [1, 1.0, 1.25], noise=0.0), 120, random.Random(11))  # prose
+    assert controller.current == 0 and 1 in used  # plain, and the small rung was probed (it accepted nothing)
+    controller.start_call()
+    used = run(controller, landscape([1.0, 1.2, 1.4], [1, 2.0, 2.6], noise=0.0), 30, random.Random(12), 120)  # code
+    assert used.index(1) <= 3 and controller.current != 0
+
+
 def test_new_calls_on_plain_with_a_drafter_that_pays_nothing_cost_little():
     """A drafter whose drafts are never accepted is not re-probed in every call: over 128-token calls it costs ~1.5% at
     most."""
