@@ -36,9 +36,8 @@ The policy is a hill climb with probes:
   cycles (``give_up``). A drafted neighbour is also probed at once when the exploited arm's time per token comes near
   what the neighbour measured (``catch_up``);
 - after a move it probes the next rungs the same way up or down the ladder soon (``momentum``); while plain is
-  exploited, each new
-  ``generate()`` call probes the drafted neighbour early when its drafts are accepted at all (``new_call_probe``):
-  plain's own timing cannot show that a new text favours drafting;
+  exploited, each new ``generate()`` call probes the drafted neighbour early when the drafter's drafts are accepted
+  at all (``new_call_probe``): plain's own timing cannot show that a new text favours drafting;
 - the first cycle after a switch is not measured (it carries the catch-up work of an arm that had not run:
   its drafter reads the committed tokens it missed), nor the first cycle of a call (the drafter reads the
   prompt); a cycle counts at most ``outlier`` times its arm's mean cycle time (a stall must not condemn an arm).
@@ -155,10 +154,10 @@ class SpeedController:
     new_call_probe: float | None = 0.1
     """While plain is exploited, a new call probes the drafted neighbour in its second cycle when any drafted arm's
     cycles committed at least this fraction more tokens per row than plain's one (the drafter's drafts are accepted
-    at all; None: never early). Plain's time per token does not depend on the text, so nothing plain measures says that a
-    new prompt (code after prose) now favours drafting: a drafter that did not pay on a prose answer must not keep
-    the next answer on plain for hundreds of cycles. A drafter whose drafts are not accepted (an untrained one) is
-    not re-probed per call: its probes wait what they cost over the exploration budget, so the worst case stays
+    at all; None: never early). Plain's time per token does not depend on the text, so nothing plain measures says
+    that a new prompt (code after prose) now favours drafting: a drafter that did not pay on a prose answer must not
+    keep the next answer on plain for hundreds of cycles. A drafter whose drafts are not accepted (an untrained one)
+    is not re-probed per call: its probes wait what they cost over the exploration budget, so the worst case stays
     bounded."""
     momentum: int = 2
     """After a move that gained at least ``momentum_gain``, the next rung the same way is probed after this many
