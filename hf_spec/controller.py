@@ -269,8 +269,8 @@ class SpeedController:
         """Whether any drafted arm's measured cycles commit :attr:`new_call_probe` more tokens per row than plain's
         one (True when none has been measured): whether the drafter's drafts are accepted at all. Any arm: the
         cheapest, plain's neighbour, drafts one token and may have run three cycles of a prose answer."""
-        rates = [e.tokens_per_row for e in self._estimates[1:] if e.tokens_per_row is not None]
-        return not rates or max(rates) >= 1.0 + self.new_call_probe
+        measured = [arm for arm in range(1, len(self.labels)) if self._estimates[arm].tokens_per_row is not None]
+        return not measured or any(self._accepts(arm, self.new_call_probe) for arm in measured)
 
     def _hopeless(self, probe: int) -> bool:
         theirs = self._estimates[probe].seconds_per_token
