@@ -61,8 +61,9 @@ class PreallocatedLayer(DynamicLayer):
     that grows with the context (on a 2-core Xeon, SmolLM2-135M, a forward of 1-8 tokens on 1,500 cached positions
     gained 4-6 ms of 48-78 in float32 and 2-3 ms of 35-48 in bf16; on a few hundred, about 1 ms or less). A
     buffer holds twice the positions it needs when it is (re)allocated, at most ``capacity`` (when given, and
-    enough), so a call that knows its ``max_length`` allocates once or twice. Whatever replaces ``keys``/``values`` with other tensors (a batch row selection, a
-    re-packing) is copied into a new buffer at the next update; cropping and in-place compaction keep the buffer.
+    enough), so a call that knows its ``max_length`` allocates once or twice. Whatever replaces ``keys``/``values``
+    with other tensors (a batch row selection, a re-packing) is copied into a new buffer at the next update; cropping
+    and in-place compaction keep the buffer.
     """
 
     def __init__(self, capacity: int | None = None):
@@ -86,7 +87,8 @@ class PreallocatedLayer(DynamicLayer):
 
     @staticmethod
     def _in_buffer(held, buffer, new, length: int, end: int) -> bool:
-        """Whether ``held`` is the first ``length`` positions of ``buffer``, which has room up to ``end`` for ``new``."""
+        """Whether ``held`` is the first ``length`` positions of ``buffer``, which has room up to ``end`` for
+        ``new``."""
         if buffer is None or end > buffer.shape[-2]:
             return False
         if buffer.shape[:2] != new.shape[:2] or buffer.shape[-1] != new.shape[-1]:
