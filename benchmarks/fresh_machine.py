@@ -16,6 +16,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -155,8 +156,31 @@ def machine_info(torch, dtype):
             "transformers": transformers.__version__, "dtype": dtype, "git": commit.stdout.strip() or None}
 
 
+def paired_logs(results, name, reference):
+    """Per prompt, the log of ``name``'s speedup over ``reference`` in each round (both ran in that round, back to
+    back: a slow spell of the machine lasting seconds hits both sides of a pair more often than it hits both
+    best-of times)."""
+    return [[math.log(ref / own) for ref, own in zip(r[reference]["seconds_by_round"], r[name]["seconds_by_round"])]
+            for r in results]  # fmt: skip
+
+
+def paired_reading(results, name, reference):
+    """(geometric mean over prompts of ``name``'s speedup over ``reference`` paired by round, low, high): the 95%
+    interval of the timing noise, from how much each prompt's rounds disagree (None without two rounds). It does not
+    count which prompts were written: the targets are about these prompts, and a rerun times the same ones."""
+    logs = paired_logs(results, name, reference)
+    means = [sum(rounds) / len(rounds) for rounds in logs]
+    centre = sum(means) / len(means)
+    if min(len(rounds) for rounds in logs) < 2:
+        return math.exp(centre), None, None
+    noise = sum(statistics.variance(rounds) / len(rounds) for rounds in logs)  # of the sum of the prompt means
+    half = 1.96 * math.sqrt(noise) / len(logs)
+    return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
+
+
 def summarise(results, methods):
-    """Per method: geometric means of speedups over prompts (vs plain, vs prompt lookup, per kind), min, mean τ."""
+    """Per method: geometric means of speedups over prompts (vs plain, vs prompt lookup, per kind; best of the rounds,
+    and paired by round with the 95% interval of the timing noise), min, mean τ."""
     rows = {}
     for name in methods:
         vs_plain = [r[name]["tok_s"] / r["plain"]["tok_s"] for r in results]
@@ -168,6 +192,8 @@ def summarise(results, methods):
                       "min_x_plain": min(vs_plain),
                       "x_plain_by_kind": {k: geomean([s for s, r in zip(vs_plain, results) if r["kind"] == k])
                                           for k in KINDS if any(r["kind"] == k for r in results)},
+                      "x_plain_paired": paired_reading(results, name, "plain"),
+                      "x_prompt_lookup_paired": paired_reading(results, name, "prompt_lookup") if vs_pl else None,
                       "tau": sum(taus) / len(taus) if taus else None,
                       "identical": f"{sum(same)}/{len(same)}" if same else None}  # fmt: skip
     return rows
@@ -177,18 +203,25 @@ def markdown(summary, info, command, date, n_prompts, args):
     def f(x):
         return "–" if x is None else f"{x:.2f}"
 
+    def interval(reading):
+        if reading is None:
+            return "–"
+        return f"{reading[0]:.2f}" + ("" if reading[1] is None else f" ({reading[1]:.2f}-{reading[2]:.2f})")
+
     kinds = list(next(iter(summary.values()))["x_plain_by_kind"])
     lines = [f"Fresh-machine benchmark, {date}", "",
              f"Machine: {info['cpu']}, {info['threads']} threads, torch {info['torch']}, transformers "
              f"{info['transformers']}, dtype {info['dtype']}, git {info['git']}; cache {info['cache']}", "",
              f"Command: `{command}`", "",
              f"{n_prompts} prompts, {args.max_new_tokens} new tokens, greedy, best of {args.repeats}, methods "
-             "interleaved; geometric means over prompts of the speedup in tokens/s.", "",
-             "| method | x plain | x prompt lookup | " + " | ".join(f"x plain: {k}" for k in kinds)
-             + " | min x plain | τ | identical to plain |",
-             "|---|" + "---:|" * (len(kinds) + 5)]  # fmt: skip
+             "interleaved; geometric means over prompts of the speedup in tokens/s. Paired: each round's times "
+             "compared within the round, with the 95% interval of the timing noise (from the rounds' spread).", "",
+             "| method | x plain | x prompt lookup | x plain, paired | x prompt lookup, paired | "
+             + " | ".join(f"x plain: {k}" for k in kinds) + " | min x plain | τ | identical to plain |",
+             "|---|" + "---:|" * (len(kinds) + 7)]  # fmt: skip
     for name, s in summary.items():
-        lines.append(f"| {name} | {f(s['x_plain'])} | {f(s['x_prompt_lookup'])} | "
+        lines.append(f"| {name} | {f(s['x_plain'])} | {f(s['x_prompt_lookup'])} | {interval(s['x_plain_paired'])} | "
+                     f"{interval(s['x_prompt_lookup_paired'])} | "
                      + " | ".join(f(s["x_plain_by_kind"].get(k)) for k in kinds)
                      + f" | {f(s['min_x_plain'])} | {f(s['tau'])} | {s['identical'] or '–'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
