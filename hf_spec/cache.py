@@ -19,6 +19,8 @@ def keep_accepted(cache: DynamicCache, prefix_length: int, accepted_nodes: torch
     """
     keep = accepted_nodes.to(torch.long) + prefix_length
     new_length = prefix_length + keep.numel()
+    if contiguous and new_length == cache.get_seq_length():
+        return  # every verified node was accepted, in order (a plain step, a whole chain): nothing to drop
     if contiguous is None:
         contiguous = bool((keep == torch.arange(prefix_length, new_length, device=keep.device)).all())
     if not contiguous:

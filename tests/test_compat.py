@@ -101,6 +101,22 @@ def test_preallocated_cache_holds_what_a_dynamic_cache_holds_and_appends_in_plac
     assert ours.get_seq_length() == theirs.get_seq_length() == 69
 
 
+def test_keeping_every_verified_node_leaves_the_cache_untouched():
+    """A plain step or a wholly accepted chain: keep_accepted has nothing to drop and touches no layer; one node
+    fewer is cropped."""
+    from hf_spec.cache import keep_accepted
+
+    cache = compat.full_dynamic_cache(capacity=64)
+    with torch.no_grad():
+        make_target("llama")(input_ids=random_prompt(10), past_key_values=cache, use_cache=True)
+    before = [(keys, values) for _, keys, values in compat.cache_layers_kv(cache)]
+    keep_accepted(cache, 7, torch.tensor([0, 1, 2]), contiguous=True)
+    assert cache.get_seq_length() == 10
+    assert all(keys is k and values is v for (_, keys, values), (k, v) in zip(compat.cache_layers_kv(cache), before))
+    keep_accepted(cache, 7, torch.tensor([0, 1]), contiguous=True)
+    assert cache.get_seq_length() == 9
+
+
 def test_preallocated_layer_allocates_ahead_at_most_its_capacity():
     layer = compat.PreallocatedLayer(capacity=40)
     keys = torch.randn(1, 2, 16, 8)

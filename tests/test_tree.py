@@ -162,6 +162,20 @@ def test_zero_probability_draws_keep_the_size_and_are_never_accepted(finite, tot
         assert bool(torch.isfinite(sampled.scores[walk.nodes]).all())
 
 
+def test_a_lone_root_walks_to_its_argmax_as_the_node_walk_does():
+    """A plain step's tree (the root alone) skips the greedy walk's tensor ops: the same node, token, device
+    tensors and kept scores as the node-by-node walk."""
+    g = torch.Generator().manual_seed(3)
+    tree = DraftTree.chain(5, torch.tensor([], dtype=torch.long))
+    for _ in range(5):
+        logits = torch.randn(1, 50, generator=g)
+        fast = verify_tree(tree, logits, None, do_sample=False, keep_scores=True)
+        walked = verify_tree(tree, logits, lambda node, raw: raw, do_sample=False, keep_scores=True)
+        assert (fast.nodes, fast.tokens) == (walked.nodes, walked.tokens) == ([0], [int(logits[0].argmax())])
+        assert fast.node_tensor("cpu").tolist() == [0] and fast.token_tensor("cpu").tolist() == fast.tokens
+        torch.testing.assert_close(fast.scores[0], walked.scores[0])
+
+
 def _all_scores(table, root_logq, depth, top_k):
     """Every node score the growth can create (independent re-implementation for the check)."""
     values, tokens = root_logq.topk(top_k)
