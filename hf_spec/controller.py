@@ -75,6 +75,7 @@ class _Estimate:
     tokens: float = 0.0
     weight: float = 0.0  # discounted count of cycles
     rows: float = 0.0  # discounted count of row-cycles (a cycle of a batch of b rows counts b)
+    cycles: int = 0  # measured cycles ever (not discounted)
 
     def decay(self, factor: float) -> None:
         self.seconds *= factor
@@ -159,6 +160,11 @@ class SpeedController:
     keep the next answer on plain for hundreds of cycles. A drafter whose drafts are not accepted (an untrained one)
     is not re-probed per call: its probes wait what they cost over the exploration budget, so the worst case stays
     bounded."""
+    new_call_evidence: int = 32
+    """Measured drafted cycles (all drafted arms, ever) before the drafter's drafts may count as not accepted (see
+    :attr:`new_call_probe`): a cold process whose first answer is prose may draft a few cycles that accept nothing,
+    and those must not keep every later call, code included, on plain steps. An untrained drafter reaches this count
+    within a few calls, once per process."""
     momentum: int = 2
     """After a move that gained at least ``momentum_gain``, the next rung the same way is probed after this many
     cycles (not ``first_interval``): a rung that won clearly points the way, so a climb from plain to the rung a
@@ -237,6 +243,7 @@ class SpeedController:
             estimate.tokens += tokens
             estimate.weight += 1.0
             estimate.rows += rows
+            estimate.cycles += 1
         if self._probe is not None and arm == self._probe:
             self._probe_cost[0] += seconds
             self._probe_cost[1] += tokens
@@ -267,10 +274,13 @@ class SpeedController:
 
     def _drafts_accepted(self) -> bool:
         """Whether any drafted arm's measured cycles commit :attr:`new_call_probe` more tokens per row than plain's
-        one (True when none has been measured): whether the drafter's drafts are accepted at all. Any arm: the
-        cheapest, plain's neighbour, drafts one token and may have run three cycles of a prose answer."""
+        one (True while the drafted arms have measured fewer than :attr:`new_call_evidence` cycles): whether the
+        drafter's drafts are accepted at all. Any arm: the cheapest, plain's neighbour, drafts one token and may have
+        run three cycles of a prose answer."""
         measured = [arm for arm in range(1, len(self.labels)) if self._estimates[arm].tokens_per_row is not None]
-        return not measured or any(self._accepts(arm, self.new_call_probe) for arm in measured)
+        if sum(self._estimates[arm].cycles for arm in measured) < self.new_call_evidence:
+            return True  # too few drafted cycles to say their drafts are not accepted
+        return any(self._accepts(arm, self.new_call_probe) for arm in measured)
 
     def _hopeless(self, probe: int) -> bool:
         theirs = self._estimates[probe].seconds_per_token

@@ -229,6 +229,21 @@ def test_a_new_call_on_plain_probes_drafting_early_when_any_drafted_arm_was_acce
     assert used.index(1) <= 3 and controller.current != 0
 
 
+def test_a_cold_first_answer_that_accepts_nothing_does_not_keep_the_next_on_plain():
+    """A cold process's first answer is prose where the few drafted cycles accept nothing: it moves to plain. Those
+    few cycles must not say the drafter's drafts are never accepted: the next call (code, where drafting pays 2x)
+    still probes drafting within a few cycles."""
+    costs = [1.0, 1.2, 1.4]
+    for seed in range(4):
+        controller, rng = SpeedController(["plain", "small", "large"], start=2), random.Random(seed)
+        controller.start_call()
+        run(controller, landscape(costs, [1, 1.0, 1.0], noise=0.1), 60, rng)  # prose: drafts never accepted
+        assert controller.current == 0
+        controller.start_call()
+        used = run(controller, landscape(costs, [1, 2.0, 2.6], noise=0.1), 40, rng, 60)  # code
+        assert used.index(1) <= 3 and controller.current != 0, used
+
+
 def test_new_calls_on_plain_with_a_drafter_that_pays_nothing_cost_little():
     """A drafter whose drafts are never accepted is not re-probed in every call: over 128-token calls it costs ~1.5% at
     most."""
