@@ -172,8 +172,10 @@ def greedy_plan(tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
 
 def _lone_root_plan(logits: torch.Tensor) -> torch.Tensor:
     """:func:`greedy_plan` of a tree that is its root alone (a plain step): [1, node 0, the argmax], without the
-    walk's dozen small tensor ops (about half a millisecond a cycle on a CPU)."""
-    return torch.cat([torch.tensor([1, 0], device=logits.device), logits[0].argmax().view(1)])
+    walk's dozen small tensor ops (about half a millisecond a cycle on a CPU); built on the logits' device, with no
+    copy from the host."""
+    token = logits[0].argmax().view(1)
+    return torch.cat([torch.ones_like(token), torch.zeros_like(token), token])
 
 
 def greedy_result(packed: list[int], n: int, logits: torch.Tensor | None = None, packed_tensor=None) -> WalkResult:
