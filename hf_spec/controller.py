@@ -158,8 +158,8 @@ class SpeedController:
     at all; None: never early). Plain's time per token does not depend on the text, so nothing plain measures says
     that a new prompt (code after prose) now favours drafting: a drafter that did not pay on a prose answer must not
     keep the next answer on plain for hundreds of cycles. A drafter whose drafts are not accepted (an untrained one)
-    is not re-probed per call: its probes wait what they cost over the exploration budget, so the worst case stays
-    bounded."""
+    is not re-probed per call once its drafted cycles number :attr:`new_call_evidence`: its probes wait what they
+    cost over the exploration budget, so the worst case stays bounded."""
     new_call_evidence: int = 32
     """Measured drafted cycles (all drafted arms, ever) before the drafter's drafts may count as not accepted (see
     :attr:`new_call_probe`): a cold process whose first answer is prose may draft a few cycles that accept nothing,
