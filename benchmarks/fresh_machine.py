@@ -178,6 +178,13 @@ def paired_reading(results, name, reference):
     return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
 
 
+def format_reading(reading) -> str:
+    """A paired reading as "centre (low-high)" ("–" for none; the centre alone without an interval)."""
+    if reading is None:
+        return "–"
+    return f"{reading[0]:.2f}" + ("" if reading[1] is None else f" ({reading[1]:.2f}-{reading[2]:.2f})")
+
+
 def summarise(results, methods):
     """Per method: geometric means of speedups over prompts (vs plain, vs prompt lookup, per kind; best of the rounds,
     and paired by round with the 95% interval of the timing noise), min, mean τ."""
@@ -203,11 +210,6 @@ def markdown(summary, info, command, date, n_prompts, args):
     def f(x):
         return "–" if x is None else f"{x:.2f}"
 
-    def interval(reading):
-        if reading is None:
-            return "–"
-        return f"{reading[0]:.2f}" + ("" if reading[1] is None else f" ({reading[1]:.2f}-{reading[2]:.2f})")
-
     kinds = list(next(iter(summary.values()))["x_plain_by_kind"])
     lines = [f"Fresh-machine benchmark, {date}", "",
              f"Machine: {info['cpu']}, {info['threads']} threads, torch {info['torch']}, transformers "
@@ -220,8 +222,8 @@ def markdown(summary, info, command, date, n_prompts, args):
              + " | ".join(f"x plain: {k}" for k in kinds) + " | min x plain | τ | identical to plain |",
              "|---|" + "---:|" * (len(kinds) + 7)]  # fmt: skip
     for name, s in summary.items():
-        lines.append(f"| {name} | {f(s['x_plain'])} | {f(s['x_prompt_lookup'])} | {interval(s['x_plain_paired'])} | "
-                     f"{interval(s['x_prompt_lookup_paired'])} | "
+        lines.append(f"| {name} | {f(s['x_plain'])} | {f(s['x_prompt_lookup'])} | "
+                     f"{format_reading(s['x_plain_paired'])} | {format_reading(s['x_prompt_lookup_paired'])} | "
                      + " | ".join(f(s["x_plain_by_kind"].get(k)) for k in kinds)
                      + f" | {f(s['min_x_plain'])} | {f(s['tau'])} | {s['identical'] or '–'} |")  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fresh_machine import paired_reading  # noqa: E402
+from fresh_machine import format_reading, paired_reading  # noqa: E402
 
 WITHIN = 0.05
 
 
 def half_width(reading) -> float | None:
     """The half-width of a paired reading's interval in logs (None: no interval)."""
-    centre, low, high = reading
+    _, low, high = reading
     return None if low is None else (math.log(high) - math.log(low)) / 2
 
 
@@ -54,15 +54,12 @@ def compare(first: dict, second: dict) -> list[dict]:
 
 
 def markdown(rows) -> str:
-    def reading(r):
-        return f"{r[0]:.2f}" + ("" if r[1] is None else f" ({r[1]:.2f}-{r[2]:.2f})")
-
     lines = ["| method | run 1, x plain paired | run 2, x plain paired | run 2 / run 1 | within 5% |",
              "|---|---:|---:|---:|---|"]
     for r in rows:
         span = "" if r["low"] is None else f" ({r['low']:.2f}-{r['high']:.2f})"
-        lines.append(f"| {r['method']} | {reading(r['run1'])} | {reading(r['run2'])} | {r['ratio']:.3f}{span} | "
-                     f"{r['verdict']} |")
+        lines.append(f"| {r['method']} | {format_reading(r['run1'])} | {format_reading(r['run2'])} | "
+                     f"{r['ratio']:.3f}{span} | {r['verdict']} |")
     return "\n".join(lines) + "\n"
 
 
