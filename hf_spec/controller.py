@@ -18,8 +18,9 @@ to code).
 The policy is a hill climb with probes:
 
 - it *exploits* one arm (``current``); every so often it *probes* a neighbour (one rung cheaper or costlier, an
-  arm one step away in one coordinate, or plain, which bounds the worst case, from any rung) for a few cycles,
-  until the probe has
+  arm one step away in one coordinate, plain, which bounds the worst case, from any rung, and from a drafted arm
+  the drafted arm further away that measured fastest, when it measured faster than the exploited one: a lucky
+  spell can leave the climb on an arm whose neighbours are all slower) for a few cycles, until the probe has
   committed ``probe_tokens`` tokens in two measured cycles or more (at most ``max_probe_cycles`` cycles);
 - after a probe it moves to the neighbour when that measured faster per token by more than ``margin`` (between plain
   and a drafted arm that commits hardly more tokens per cycle than a plain step, the token counts decide: plain) and,
@@ -38,6 +39,11 @@ The policy is a hill climb with probes:
 - after a move it probes the next rungs the same way up or down the ladder soon (``momentum``); while plain is
   exploited, each new ``generate()`` call probes the drafted neighbour early when the drafter's drafts are accepted
   at all (``new_call_probe``): plain's own timing cannot show that a new text favours drafting;
+- a *copy cycle* (the text is copying an earlier passage: the cycle verified the n-gram trie of that passage, sized
+  by the copy budget whatever the arm) commits up to tens of tokens on any drafted arm, so it says nothing about
+  which drafted arm is faster: it counts for plain against drafting but not between drafted arms (one copy-heavy
+  answer made whichever arms ran during it read several times faster than they are for the answers after it, and the
+  controller ran those arms there);
 - the first cycle after a switch is not measured (it carries the catch-up work of an arm that had not run:
   its drafter reads the committed tokens it missed), nor the first cycle of a call (the drafter reads the
   prompt); a cycle counts at most ``outlier`` times its arm's mean cycle time (a stall must not condemn an arm).
@@ -184,6 +190,8 @@ class SpeedController:
         self.current = self.start
         self._adjacent = _adjacency(len(self.labels), self.positions)
         self._estimates = [_Estimate() for _ in self.labels]
+        self._typical = [_Estimate() for _ in self.labels]
+        """Per arm, its cycles that were not copy cycles: what comparisons between two drafted arms weigh."""
         self._interval = [self.first_interval] * len(self.labels)
         self._due = [self.first_interval] * len(self.labels)
         self._theirs: list[tuple[float, float] | None] = [None] * len(self.labels)
@@ -211,26 +219,25 @@ class SpeedController:
     def choose(self) -> int:
         """The arm of the next cycle."""
         if self._probe is None and len(self.labels) > 1:
-            ours = self._estimates[self.current].seconds_per_token
             for n in self._neighbours():
-                failed = self._theirs[n]
+                failed, ours = self._theirs[n], self._seconds_per_token(self.current, n)
                 if ours is not None and failed is not None and ours > max(failed[0] * (1.0 - self.catch_up),
                                                                           failed[1] * (1.0 + self.catch_up)):
                     self._due[n], self._theirs[n] = self.cycle, None
             due = [n for n in self._neighbours() if self.cycle >= self._due[n]]
-            if due and ours is not None:
+            if due and self._estimates[self.current].seconds_per_token is not None:
                 self._probe = min(due, key=lambda n: self._due[n])
                 self._probe_cycles, self._probe_tokens, self._probe_cost = 0, 0.0, [0.0, 0.0]
                 self.probes += 1
         return self._probe if self._probe is not None else self.current
 
-    def record(self, arm: int, seconds: float, tokens: int, rows: int = 1) -> None:
-        """One finished cycle of ``arm``: its wall ``seconds``, the tokens it committed (every row) and the rows it
-        ran (a plain cycle commits one token per row)."""
+    def record(self, arm: int, seconds: float, tokens: int, rows: int = 1, copied: bool = False) -> None:
+        """One finished cycle of ``arm``: its wall ``seconds``, the tokens it committed (every row), the rows it
+        ran (a plain cycle commits one token per row) and whether it was a copy cycle (see the module docstring)."""
         measured = self._last == arm
         self._last = arm
         self.cycle += 1
-        for estimate in self._estimates:
+        for estimate in (*self._estimates, *self._typical):
             estimate.decay(self._decay)
         if measured and tokens > 0:
             estimate = self._estimates[arm]
@@ -239,19 +246,20 @@ class SpeedController:
                 typical = max((e.seconds_per_cycle for e in self._estimates if e.seconds_per_cycle), default=None)
             if typical is not None:
                 seconds = min(seconds, self.outlier * typical)
-            estimate.seconds += seconds
-            estimate.tokens += tokens
-            estimate.weight += 1.0
-            estimate.rows += rows
-            estimate.cycles += 1
+            for estimate in (self._estimates[arm],) if copied else (self._estimates[arm], self._typical[arm]):
+                estimate.seconds += seconds
+                estimate.tokens += tokens
+                estimate.weight += 1.0
+                estimate.rows += rows
+                estimate.cycles += 1
         if self._probe is not None and arm == self._probe:
             self._probe_cost[0] += seconds
             self._probe_cost[1] += tokens
             if measured:
                 self._probe_cycles += 1
                 self._probe_tokens += tokens
-                ours = self._estimates[self.current].seconds_per_token
-                if ours and arm != 0 and self.current != 0:  # only moves between drafted arms weigh it
+                ours = self._seconds_per_token(self.current, arm)
+                if ours and arm != 0 and self.current != 0 and not copied:  # moves between drafted arms weigh it
                     evidence = self._evidence[arm]
                     evidence.append((seconds / ours, float(tokens)))
                     del evidence[: -self.evidence_cycles]
@@ -262,9 +270,33 @@ class SpeedController:
 
     # -- policy ------------------------------------------------------------------------------------
     def _neighbours(self) -> list[int]:
-        """The rungs next to the exploited one (and those one step away in one coordinate, with positions), and
-        plain (arm 0), which bounds the worst case, from anywhere."""
-        return self._adjacent[self.current]
+        """The rungs next to the exploited one (and those one step away in one coordinate, with positions), plain
+        (arm 0), which bounds the worst case, from anywhere, and from a drafted arm the :meth:`_far` arm."""
+        near = self._adjacent[self.current]
+        far = self._far()
+        return near if far is None else near + [far]
+
+    def _far(self) -> int | None:
+        """The drafted arm, not next to the exploited drafted one, whose copy-free cycles measured fastest, when
+        faster than the exploited arm's by the margin: a climb can end on an arm whose neighbours are all slower
+        while an arm two steps away is faster (a lucky spell moved it past them); its probes wait what they cost,
+        as a neighbour's do."""
+        if self.current == 0:
+            return None
+        ours = self._typical[self.current].seconds_per_token
+        near = self._adjacent[self.current]
+        measured = [(e.seconds_per_token, arm) for arm, e in enumerate(self._typical)
+                    if arm and arm != self.current and arm not in near and e.seconds_per_token is not None]  # fmt: skip
+        if ours is None or not measured:
+            return None
+        theirs, arm = min(measured)
+        return arm if theirs < ours * (1.0 - self.margin) else None
+
+    def _seconds_per_token(self, arm: int, other: int) -> float | None:
+        """``arm``'s measured seconds per token as weighed against ``other``: between two drafted arms, from the
+        cycles that were not copy cycles (see the module docstring)."""
+        estimates = self._typical if arm != 0 and other != 0 else self._estimates
+        return estimates[arm].seconds_per_token
 
     def _accepts(self, arm: int, fraction: float) -> bool:
         """Whether ``arm``'s measured cycles commit ``fraction`` more tokens per row than a plain step's one (True when
@@ -283,20 +315,21 @@ class SpeedController:
         return any(self._accepts(arm, self.new_call_probe) for arm in measured)
 
     def _hopeless(self, probe: int) -> bool:
-        theirs = self._estimates[probe].seconds_per_token
-        ours = self._estimates[self.current].seconds_per_token
+        theirs = self._seconds_per_token(probe, self.current)
+        ours = self._seconds_per_token(self.current, probe)
         return theirs is not None and ours is not None and theirs > ours * (1.0 + self.give_up)
 
     def _end_probe(self) -> None:
         probe, self._probe = self._probe, None
-        theirs = self._estimates[probe].seconds_per_token
-        ours = self._estimates[self.current].seconds_per_token
+        theirs = self._seconds_per_token(probe, self.current)
+        ours = self._seconds_per_token(self.current, probe)
         faster = theirs is not None and (ours is None or theirs < ours * (1.0 - self.margin))
         if probe == 0 and theirs is not None and not self._accepts(self.current, self.margin):
             faster = True  # drafting that commits hardly more than plain steps cannot beat them: timing noise said so
         elif self.current == 0 and not self._accepts(probe, self.margin):
             faster = False
-        if faster and (ours is None or self._clearly_faster(probe)):
+        unmeasured = ours is None and (probe == 0 or self.current == 0)  # nothing to weigh the probe against
+        if faster and (unmeasured or self._clearly_faster(probe)):
             left, self.current = self.current, probe
             self.moves += 1
             for evidence in self._evidence:

@@ -124,10 +124,13 @@ class RowDrafting:
         self._drafted_arms = drafted_arms
         self._history: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._sessions: dict[int, tuple[DraftingSession, int]] = {}  # arm index -> (session, history read)
+        self.copied = False
+        """Whether the last tree was a copy cycle's (:attr:`DraftingSession.copied`)."""
 
     def propose(self, index: int, arm: Arm, features: torch.Tensor, tokens: torch.Tensor) -> DraftTree:
         """Commit the pairs and draft the tree of arm ``index`` rooted at ``tokens[-1]``."""
         self._history.append((features, tokens))
+        self.copied = False
         if arm.shape is None:
             return DraftTree.chain(tokens[-1], tokens.new_empty(0))
         session, read = self._sessions.get(index) or (self._make_session(arm), 0)
@@ -141,7 +144,9 @@ class RowDrafting:
             if low:
                 self._history = self._history[low:]
                 self._sessions = {i: (s, r - low) for i, (s, r) in self._sessions.items()}
-        return session.propose(features, tokens)
+        tree = session.propose(features, tokens)
+        self.copied = session.copied
+        return tree
 
     def record(self, stats) -> None:
         """Every session's counters into the row's stats."""
@@ -591,7 +596,7 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
     active = list(rows)
     if controller is not None:
         controller.start_call()
-    arm_index, cycle_start, committed = 0, None, 0
+    arm_index, cycle_start, committed, copied = 0, None, 0, False
     costs = None  # the target's live verification costs, once a drafter has asked for them (verify_cost)
 
     while True:
@@ -600,7 +605,7 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
         if cycle_start is not None:  # the cycle's wall time, emit included
             stats.cycle_seconds.append(time.perf_counter() - cycle_start)
             if controller is not None:
-                controller.record(arm_index, stats.cycle_seconds[-1], committed, rows=len(active))
+                controller.record(arm_index, stats.cycle_seconds[-1], committed, rows=len(active), copied=copied)
         everyone_stopped = all(row.stop_length is not None for row in rows)
         horizon = max(row.stop_length for row in rows) if everyone_stopped else None
 
@@ -624,6 +629,7 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
             stats.arm_per_cycle.append(arm_index)
         arm = arms[arm_index]
         trees = [row.drafting.propose(arm_index, arm, row.pending_features, row.pending_tokens) for row in active]
+        copied = any(row.drafting.copied for row in active)  # one copying row's tokens swamp the others'
 
         # Verify: one target forward and one LM-head matmul for all rows, then each row's walk.
         verify_start = time.perf_counter()

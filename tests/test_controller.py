@@ -374,6 +374,53 @@ def test_drafted_arms_of_equal_speed_are_not_walked_between():
         assert controller.current == 2 and used[200:].count(2) >= 0.75 * 200
 
 
+def test_copy_cycles_do_not_move_the_controller_between_drafted_arms():
+    """A probe that lands on a copy passage commits 15 tokens a cycle whatever the arm: weighed like other cycles, it
+    moved the controller to a costlier tree that is slower on every other cycle; flagged as copies, it does not."""
+    for flagged in (True, False):
+        controller = SpeedController(["plain", "small", "big"], start=1)
+        while True:
+            arm = controller.choose()
+            if arm == 2:
+                break
+            controller.record(arm, 1.2, 2)
+        while controller.choose() == 2:  # the probe of the big tree runs on the copy passage
+            controller.record(2, 1.9, 15, copied=flagged)
+        assert controller.current == (1 if flagged else 2)
+
+
+def test_copy_cycles_count_for_drafting_against_plain():
+    """Between plain and drafting a copy cycle counts: a drafter that copies is kept, though its other cycles pay
+    nothing."""
+    controller = SpeedController(["plain", "drafted"], start=1)
+    for n in range(400):
+        arm = controller.choose()
+        copied = arm == 1 and n % 4 == 0
+        controller.record(arm, 1.0 if arm == 0 else 1.1, 15 if copied else 1, copied=copied)
+    assert controller.current == 1
+
+
+def test_a_faster_arm_beyond_slower_neighbours_is_found_again():
+    """Exploiting c (moved there by a lucky spell, say) whose neighbours b and plain are slower, while a, two rungs
+    away, measured faster: the controller probes a and returns to it; with neighbours only it stays on c."""
+    arms = [(1.0, 0.0, 0), (1.2, 0.6, 2), (3.0, 0.6, 3), (1.49, 0.6, 3)]  # per token: 1.0, .61, 1.38, .69
+    for far in (True, False):
+        returned = 0
+        for seed in range(4):
+            controller = SpeedController(["plain", "a", "b", "c"], start=1)
+            if not far:
+                controller._far = lambda: None
+            rng, cycle = random.Random(seed), chain_landscape(arms)
+            run(controller, cycle, 100, rng)
+            assert controller.current == 1
+            controller.current = 3  # where a lucky spell left it, having run it 20 cycles
+            for _ in range(20):
+                controller.record(3, *cycle(3, 0, rng))
+            used = run(controller, cycle, 600, rng, start_cycle=120)
+            returned += controller.current == 1 and used[-200:].count(1) >= 150
+        assert returned == (4 if far else 0), (far, returned)
+
+
 def test_neighbours_with_positions():
     """Plain and the ladder's rungs next to an arm, and per coordinate the nearest arm equal in the other one; plain's
     only neighbour is the cheapest rung. Positions are checked."""

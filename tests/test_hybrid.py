@@ -5,6 +5,7 @@ import torch
 
 import hf_spec
 from conftest import make_target, oracle_pair, plain_generate, random_prompt
+from hf_spec.controller import SpeedController
 from hf_spec.drafters import hybrid
 from hf_spec.drafters.eagle import EagleDraftingSession
 from hf_spec.drafters.hybrid import NGramHybridSession
@@ -303,6 +304,41 @@ def test_copy_cycles_graft_longer_chains_and_stay_lossless(monkeypatch):
     assert max(new_nodes[0]) == 2 and max(new_nodes[8]) > 2  # the repetitive prompt makes copies certain
     with pytest.raises(ValueError, match="ngram_copy_nodes"):
         hf_spec.EagleDrafter.from_target(target, ngram_copy_nodes=-1)
+
+
+class RecordingController(SpeedController):
+    """Drafts every cycle on the costliest arm and keeps what the loop reports of each cycle: (tokens, copied)."""
+
+    def __init__(self, labels):
+        super().__init__(list(labels), start=len(labels) - 1)
+        self.reported: list[tuple[int, bool]] = []
+
+    def choose(self) -> int:
+        return len(self.labels) - 1
+
+    def record(self, arm, seconds, tokens, rows=1, copied=False):
+        self.reported.append((tokens, copied))
+        super().record(arm, seconds, tokens, rows=rows, copied=copied)
+
+
+def test_the_loop_tells_the_controller_which_cycles_were_copy_cycles(monkeypatch):
+    """A cycle that grafted a copy's chain (more n-gram nodes than ngram_nodes) reaches the controller as a copy
+    cycle, which it does not weigh between tree shapes; without copy cycles none is reported."""
+    target = make_target("llama")
+    prompt = target_text_prompt(target)
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    for copy in (0, 8):
+        drafter = hf_spec.EagleDrafter.from_target(target, ngram_nodes=2, ngram_depth=8, ngram_copy_nodes=copy,
+                                                   tree_depth=2, tree_top_k=2, tree_total_tokens=2)  # fmt: skip
+        trees = capture_trees(monkeypatch)
+        controller = RecordingController(["plain", "configured"])
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, speed_controller=controller)
+        assert torch.equal(out, expected)
+        copied = [flag for _, flag in controller.reported]
+        assert len(copied) == len(trees) == drafter.last_generation_stats.cycles
+        grafted_a_copy = [len(grafted) - len(base) > 2 for base, grafted in trees]
+        assert all(flag for flag, big in zip(copied, grafted_a_copy) if big)
+        assert any(copied) == (copy > 0)
 
 
 def count_drafter_forwards(monkeypatch) -> list[int]:

@@ -97,10 +97,13 @@ class NGramHybridSession(DraftingSession):
         # Only a weighed cycle's drafting is timed through the device (timing.clock), as the gate needs it.
         start = time.perf_counter()
         committed = self.ngram.extend(next_tokens)
+        depth = self.depth or self.gate_nodes()
+        copy_budget = self.ngram.copy_budget(depth)
+        self.copied = copy_budget > 0
         weighed = None
         if self.gate is not None:
             self.gate.record_committed(committed)
-            weighed = self._trie_alone(next_tokens[-1])
+            weighed = self._trie_alone(next_tokens[-1], depth, copy_budget)
             if self.gate.prefers_ngram(weighed[0], len(weighed[1]) - 1):
                 self.gate.record_ngram(weighed[0])
                 self._deferred.append((features, next_tokens))  # read with the next drafted cycle
@@ -125,11 +128,11 @@ class NGramHybridSession(DraftingSession):
         self._drafted += 1
         return tree
 
-    def _trie_alone(self, root_token: torch.Tensor) -> tuple[float, DraftTree]:
-        """The n-gram trie the gate weighs against drafting, sized by this machine's costs (a copy cycle's by
-        :meth:`CycleGate.copy_trie`): its expected committed tokens and the tree of it alone."""
-        depth = self.depth or self.gate_nodes()
-        if self.ngram.copy_budget(depth) > DEFAULT_DRAFT_NODES:  # a copy cycle
+    def _trie_alone(self, root_token: torch.Tensor, depth: int, copy_budget: int) -> tuple[float, DraftTree]:
+        """The n-gram trie the gate weighs against drafting, ``depth`` deep at most, sized by this machine's costs
+        (a copy cycle's, whose ``copy_budget`` exceeds the usual trie, by :meth:`CycleGate.copy_trie`): its expected
+        committed tokens and the tree of it alone."""
+        if copy_budget > DEFAULT_DRAFT_NODES:
             trie = self.gate.copy_trie(self.ngram.sized_trie(self.gate_nodes(), depth, self.gate.node_costs))
         else:  # as NGramDrafter drafts (not the drafter tree's branching: the trie alone is verified)
             trie = self.ngram.sized_trie(DEFAULT_DRAFT_NODES, min(depth, DEFAULT_DRAFT_DEPTH), self.gate.node_costs)

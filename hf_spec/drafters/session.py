@@ -36,6 +36,10 @@ class DraftingSession:
     """Times the drafting work (:meth:`start_timing` / :meth:`stop_timing`); made at the first use."""
     use_router: bool | None = None
     """Draft through the LM-head router (None: the session has none); only when ``supports_router``."""
+    copied: bool = False
+    """Whether the last tree was a *copy cycle*'s: the n-gram trie of an earlier passage the text is copying, sized
+    by the copy budget whatever the tree shape (:class:`~hf_spec.drafters.hybrid.NGramHybridSession`). The speed
+    controller does not weigh such cycles between tree shapes (:mod:`hf_spec.controller`)."""
     wants_verify_costs: bool = False
     """Whether the session sizes its trees by the target's measured verification costs: the loop, which has the
     target, then hands them to :meth:`use_verify_costs` before the first :meth:`propose` (the drafter modules do
