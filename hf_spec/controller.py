@@ -190,7 +190,7 @@ class SpeedController:
         self.current = self.start
         self._adjacent = _adjacency(len(self.labels), self.positions)
         self._estimates = [_Estimate() for _ in self.labels]
-        self._typical = [_Estimate() for _ in self.labels]
+        self._copy_free = [_Estimate() for _ in self.labels]
         """Per arm, its cycles that were not copy cycles: what comparisons between two drafted arms weigh."""
         self._interval = [self.first_interval] * len(self.labels)
         self._due = [self.first_interval] * len(self.labels)
@@ -219,12 +219,13 @@ class SpeedController:
     def choose(self) -> int:
         """The arm of the next cycle."""
         if self._probe is None and len(self.labels) > 1:
-            for n in self._neighbours():
+            neighbours = self._neighbours()
+            for n in neighbours:
                 failed, ours = self._theirs[n], self._seconds_per_token(self.current, n)
                 if ours is not None and failed is not None and ours > max(failed[0] * (1.0 - self.catch_up),
                                                                           failed[1] * (1.0 + self.catch_up)):
                     self._due[n], self._theirs[n] = self.cycle, None
-            due = [n for n in self._neighbours() if self.cycle >= self._due[n]]
+            due = [n for n in neighbours if self.cycle >= self._due[n]]
             if due and self._estimates[self.current].seconds_per_token is not None:
                 self._probe = min(due, key=lambda n: self._due[n])
                 self._probe_cycles, self._probe_tokens, self._probe_cost = 0, 0.0, [0.0, 0.0]
@@ -237,7 +238,7 @@ class SpeedController:
         measured = self._last == arm
         self._last = arm
         self.cycle += 1
-        for estimate in (*self._estimates, *self._typical):
+        for estimate in (*self._estimates, *self._copy_free):
             estimate.decay(self._decay)
         if measured and tokens > 0:
             estimate = self._estimates[arm]
@@ -246,7 +247,7 @@ class SpeedController:
                 typical = max((e.seconds_per_cycle for e in self._estimates if e.seconds_per_cycle), default=None)
             if typical is not None:
                 seconds = min(seconds, self.outlier * typical)
-            for estimate in (self._estimates[arm],) if copied else (self._estimates[arm], self._typical[arm]):
+            for estimate in (self._estimates[arm],) if copied else (self._estimates[arm], self._copy_free[arm]):
                 estimate.seconds += seconds
                 estimate.tokens += tokens
                 estimate.weight += 1.0
@@ -283,9 +284,9 @@ class SpeedController:
         as a neighbour's do."""
         if self.current == 0:
             return None
-        ours = self._typical[self.current].seconds_per_token
+        ours = self._copy_free[self.current].seconds_per_token
         near = self._adjacent[self.current]
-        measured = [(e.seconds_per_token, arm) for arm, e in enumerate(self._typical)
+        measured = [(e.seconds_per_token, arm) for arm, e in enumerate(self._copy_free)
                     if arm and arm != self.current and arm not in near and e.seconds_per_token is not None]  # fmt: skip
         if ours is None or not measured:
             return None
@@ -295,7 +296,7 @@ class SpeedController:
     def _seconds_per_token(self, arm: int, other: int) -> float | None:
         """``arm``'s measured seconds per token as weighed against ``other``: between two drafted arms, from the
         cycles that were not copy cycles (see the module docstring)."""
-        estimates = self._typical if arm != 0 and other != 0 else self._estimates
+        estimates = self._copy_free if arm != 0 and other != 0 else self._estimates
         return estimates[arm].seconds_per_token
 
     def _accepts(self, arm: int, fraction: float) -> bool:

@@ -98,7 +98,7 @@ class NGramHybridSession(DraftingSession):
         start = time.perf_counter()
         committed = self.ngram.extend(next_tokens)
         depth = self.depth or self.gate_nodes()
-        copy_budget = self.ngram.copy_budget(depth)
+        copy_budget = self.ngram.copy_budget(depth) if self.copy_nodes else 0  # no scan where copies cannot be
         self.copied = copy_budget > 0
         weighed = None
         if self.gate is not None:
