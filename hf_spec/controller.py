@@ -83,6 +83,14 @@ class _Estimate:
     rows: float = 0.0  # discounted count of row-cycles (a cycle of a batch of b rows counts b)
     cycles: int = 0  # measured cycles ever (not discounted)
 
+    def add(self, seconds: float, tokens: float, rows: float) -> None:
+        """One measured cycle."""
+        self.seconds += seconds
+        self.tokens += tokens
+        self.weight += 1.0
+        self.rows += rows
+        self.cycles += 1
+
     def decay(self, factor: float) -> None:
         self.seconds *= factor
         self.tokens *= factor
@@ -241,18 +249,14 @@ class SpeedController:
         for estimate in (*self._estimates, *self._copy_free):
             estimate.decay(self._decay)
         if measured and tokens > 0:
-            estimate = self._estimates[arm]
-            typical = estimate.seconds_per_cycle
+            typical = self._estimates[arm].seconds_per_cycle
             if typical is None:
                 typical = max((e.seconds_per_cycle for e in self._estimates if e.seconds_per_cycle), default=None)
             if typical is not None:
                 seconds = min(seconds, self.outlier * typical)
-            for estimate in (self._estimates[arm],) if copied else (self._estimates[arm], self._copy_free[arm]):
-                estimate.seconds += seconds
-                estimate.tokens += tokens
-                estimate.weight += 1.0
-                estimate.rows += rows
-                estimate.cycles += 1
+            self._estimates[arm].add(seconds, tokens, rows)
+            if not copied:
+                self._copy_free[arm].add(seconds, tokens, rows)
         if self._probe is not None and arm == self._probe:
             self._probe_cost[0] += seconds
             self._probe_cost[1] += tokens
