@@ -35,7 +35,8 @@ The policy is a hill climb with probes:
   text may have moved to where it wins, e.g. from prose to a passage the n-gram branches copy), and exploration costs
   about ``exploration_budget`` of the time whatever the arms are; a probe of a neighbour far slower ends after two
   cycles (``give_up``). A drafted neighbour is also probed at once when the exploited arm's time per token comes near
-  what the neighbour measured (``catch_up``);
+  what the neighbour measured (``catch_up``), and a costlier drafted neighbour when the exploited drafted arm's time
+  per token has fallen much since the neighbour's last probe (``easier``: the text became easier to draft);
 - after a move it probes the next rungs the same way up or down the ladder soon (``momentum``); while plain is
   exploited, each new ``generate()`` call probes the drafted neighbour early when the drafter's drafts are accepted
   at all (``new_call_probe``): plain's own timing cannot show that a new text favours drafting;
@@ -143,6 +144,15 @@ class SpeedController:
     that neighbour measured at its last failed probe, having grown by this fraction since (the machine or the
     text changed; a new prompt moves every drafted arm's time per token, plain's hardly). Not while the gap is
     what that probe found: a neighbour that failed narrowly would be probed without end."""
+    easier: float | None = 0.2
+    """A costlier drafted neighbour (a later rung) whose last probe failed is probed at once when the exploited
+    drafted arm's time per token has fallen by this fraction since that probe (None: never): the text became easier
+    to draft (an answer moved from prose to code, a new prompt), and bigger trees gain most where drafts are
+    accepted, so a probe that failed on the hard text says little of the easy one. Its wait, budgeted on the hard
+    text, could keep a code answer on the smallest tree for hundreds of cycles."""
+    recent_half_life: float = 16.0
+    """Cycles after which a measurement weighs half in the estimate the :attr:`easier` test reads (a text's change
+    shows within tens of cycles, not the ``half_life``'s hundred)."""
     give_up: float = 0.5
     """A probe ends after two measured cycles when the neighbour is already this much slower per token."""
     outlier: float = 3.0
@@ -198,12 +208,15 @@ class SpeedController:
         self.current = self.start
         self._adjacent = _adjacency(len(self.labels), self.positions)
         self._estimates = [_Estimate() for _ in self.labels]
+        self._recent = [_Estimate() for _ in self.labels]
+        """Per arm, its copy-free cycles discounted over :attr:`recent_half_life` cycles (the :attr:`easier` test)."""
         self._copy_free = [_Estimate() for _ in self.labels]
         """Per arm, its cycles that were not copy cycles: what comparisons between two drafted arms weigh."""
         self._interval = [self.first_interval] * len(self.labels)
         self._due = [self.first_interval] * len(self.labels)
-        self._theirs: list[tuple[float, float] | None] = [None] * len(self.labels)
-        """Per neighbour, at its last failed probe: (its seconds per token, the exploited arm's)."""
+        self._theirs: list[tuple[float, float, float] | None] = [None] * len(self.labels)
+        """Per neighbour, at its last failed probe: (its seconds per token, the exploited arm's, and the exploited
+        arm's over its recent cycles)."""
         self._probe: int | None = None
         self._probe_cycles = 0
         self._probe_tokens = 0.0
@@ -213,6 +226,7 @@ class SpeedController:
         exploited arm's seconds per token, tokens committed)."""
         self._last: int | None = None  # arm of the last cycle (None: none yet in this call)
         self._decay = 0.5 ** (1.0 / self.half_life)
+        self._recent_decay = 0.5 ** (1.0 / self.recent_half_life)
 
     # -- the loop's side ---------------------------------------------------------------------------
     def start_call(self) -> None:
@@ -230,9 +244,16 @@ class SpeedController:
             neighbours = self._neighbours()
             for n in neighbours:
                 failed, ours = self._theirs[n], self._seconds_per_token(self.current, n)
-                if ours is not None and failed is not None and ours > max(failed[0] * (1.0 - self.catch_up),
-                                                                          failed[1] * (1.0 + self.catch_up)):
+                if ours is None or failed is None:
+                    continue
+                caught_up = ours > max(failed[0] * (1.0 - self.catch_up), failed[1] * (1.0 + self.catch_up))
+                lately = self._recent[self.current].seconds_per_token
+                easier = (self.easier is not None and 0 < self.current < n and lately is not None
+                          and lately < failed[2] * (1.0 - self.easier))  # fmt: skip
+                if caught_up or easier:
                     self._due[n], self._theirs[n] = self.cycle, None
+                if easier:  # the probes' evidence from the harder text is stale
+                    self._evidence[n].clear()
             due = [n for n in neighbours if self.cycle >= self._due[n]]
             if due and self._estimates[self.current].seconds_per_token is not None:
                 self._probe = min(due, key=lambda n: self._due[n])
@@ -248,6 +269,8 @@ class SpeedController:
         self.cycle += 1
         for estimate in (*self._estimates, *self._copy_free):
             estimate.decay(self._decay)
+        for estimate in self._recent:
+            estimate.decay(self._recent_decay)
         if measured and tokens > 0:
             typical = self._estimates[arm].seconds_per_cycle
             if typical is None:
@@ -257,6 +280,7 @@ class SpeedController:
             self._estimates[arm].add(seconds, tokens, rows)
             if not copied:
                 self._copy_free[arm].add(seconds, tokens, rows)
+                self._recent[arm].add(seconds, tokens, rows)
         if self._probe is not None and arm == self._probe:
             self._probe_cost[0] += seconds
             self._probe_cost[1] += tokens
@@ -347,7 +371,8 @@ class SpeedController:
         else:
             self._interval[probe] = self._budgeted_wait(ours)
             self._due[probe] = self.cycle + self._interval[probe]
-            self._theirs[probe] = (theirs, ours) if theirs is not None and ours is not None else None
+            lately = self._recent[self.current].seconds_per_token or ours
+            self._theirs[probe] = (theirs, ours, lately) if theirs is not None and ours is not None else None
 
     def _clearly_faster(self, probe: int) -> bool:
         """Whether ``probe``'s cycles since the last move put it faster per token than the exploited arm by

@@ -421,6 +421,28 @@ def test_a_faster_arm_beyond_slower_neighbours_is_found_again():
         assert returned == (4 if far else 0), (far, returned)
 
 
+def test_a_costlier_rung_that_failed_on_hard_text_is_probed_again_when_the_text_gets_easier():
+    """Prose (drafts rarely accepted) puts the controller on the small tree and the big tree's probe fails there,
+    budgeting a long wait; then the answer moves to code, where the big tree is much faster. The exploited arm's
+    falling time per token brings the big tree's probe forward: it moves within tens of cycles, not after the wait."""
+    costs = [1.0, 1.3, 2.0]
+    hard, easy = [1, 1.6, 1.3], [1, 2.2, 4.4]  # per token: prose 1.0, .81, 1.54; code 1.0, .59, .45
+    for easier, bound in ((SpeedController.easier, 70), (None, None)):
+        after = []
+        for seed in range(6):
+            controller = SpeedController(["plain", "small", "big"], start=1, easier=easier)
+            rng = random.Random(seed)
+            run(controller, landscape(costs, hard), 400, rng)
+            assert controller.current == 1
+            used = run(controller, landscape(costs, easy), 300, rng, start_cycle=400)
+            assert controller.current == 2
+            after.append(next(i for i in range(len(used)) if used[i:i + 20].count(2) >= 15))
+        if bound is not None:
+            assert max(after) <= bound, after
+        else:  # the wait budgeted on the hard text alone: later on some seeds
+            assert max(after) > 100, after
+
+
 def test_neighbours_with_positions():
     """Plain and the ladder's rungs next to an arm, and per coordinate the nearest arm equal in the other one; plain's
     only neighbour is the cheapest rung. Positions are checked."""
