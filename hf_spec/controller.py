@@ -242,14 +242,13 @@ class SpeedController:
         """The arm of the next cycle."""
         if self._probe is None and len(self.labels) > 1:
             neighbours = self._neighbours()
+            lately = self._recent[self.current].seconds_per_token if self.easier is not None else None
             for n in neighbours:
                 failed, ours = self._theirs[n], self._seconds_per_token(self.current, n)
                 if ours is None or failed is None:
                     continue
                 caught_up = ours > max(failed[0] * (1.0 - self.catch_up), failed[1] * (1.0 + self.catch_up))
-                lately = self._recent[self.current].seconds_per_token
-                easier = (self.easier is not None and 0 < self.current < n and lately is not None
-                          and lately < failed[2] * (1.0 - self.easier))  # fmt: skip
+                easier = lately is not None and 0 < self.current < n and lately < failed[2] * (1.0 - self.easier)
                 if caught_up or easier:
                     self._due[n], self._theirs[n] = self.cycle, None
                 if easier:  # the probes' evidence from the harder text is stale
