@@ -133,10 +133,13 @@ class RowDrafting:
         self.copied = False
         if arm.shape is None:
             return DraftTree.chain(tokens[-1], tokens.new_empty(0))
-        session, read = self._sessions.get(index) or (self._make_session(arm), 0)
+        known = self._sessions.get(index)
+        session, read = known or (self._make_session(arm), 0)
         unread = self._history[read:]
         self._sessions[index] = (session, len(self._history))
         if len(unread) > 1:
+            if known is not None:  # the first pairs are the commit of this session's last tree, the rest other arms'
+                session.read_other_arms(len(unread[0][1]))
             features = torch.cat([f for f, _ in unread])
             tokens = torch.cat([t for _, t in unread])
         if len(self._sessions) == self._drafted_arms:  # every arm has a session: drop what all of them read

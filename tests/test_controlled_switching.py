@@ -105,6 +105,34 @@ def test_greedy_with_arms_switching_mid_generation_equals_plain(name):
         assert max(drafted) > 1  # the drafted arms really drafted
 
 
+def test_the_cost_gate_resolves_each_cycle_by_its_own_commit_with_arms_switching(monkeypatch):
+    """With arms switching, a drafted arm's session next reads what other arms' cycles committed too; its cost gate
+    must resolve its last cycle by that cycle's own commit (it once took a plain stretch's tokens for the gain of
+    one drafted cycle): each resolved commit is one cycle's, so together they never exceed the tokens generated."""
+    from hf_spec.drafters.ngram import CycleGate
+
+    target, drafter = eagle_with_candidates()
+    drafter.config.ngram_cost_gate = True
+    resolved = []
+    original = CycleGate.record_committed
+
+    def record(self, tokens, own=None):
+        if self._pending is not None:
+            resolved.append(len(tokens) if own is None else own)
+        original(self, tokens, own)
+
+    monkeypatch.setattr(CycleGate, "record_committed", record)
+    prompt = repetitive_prompt()
+    expected = plain_generate(target, prompt, max_new_tokens=40, do_sample=False)
+    out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, do_sample=False,
+                          speed_controller=scripted(drafter, seed=1))  # fmt: skip
+    assert torch.equal(out, expected)
+    stats = drafter.last_generation_stats
+    assert len(resolved) > 5
+    assert max(resolved) <= max(stats.accepted_lengths) + 1
+    assert sum(resolved) <= stats.new_tokens
+
+
 @pytest.mark.parametrize("name", ["eagle", "s2d", "ngram"])
 def test_batched_greedy_with_arms_switching_equals_per_row_plain(name):
     target, drafter = FAMILIES[name]()

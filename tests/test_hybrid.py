@@ -376,7 +376,7 @@ class ScriptedGate:
     def __init__(self, skip_at):
         self.skip_at, self.cycle = set(skip_at), -1
 
-    def record_committed(self, tokens):
+    def record_committed(self, tokens, own=None):
         self.cycle += 1
 
     def prefers_ngram(self, expected, nodes):
@@ -501,6 +501,25 @@ def test_cycle_gate_measures_the_drafters_exact_gain_per_bucket_and_weighs_it_ag
     # the same trie sizes, but the drafter's gain measured where the trie expects little:
     # 2.0 / 1.36 = 1.47 alone vs (2.0 + 0.86) / (1 + 0.03 x 20 + 0.5) = 1.36 drafted
     assert gate.prefers_ngram(2.0, 12) and not gate.prefers_ngram(1.0, 12)
+
+
+def test_cycle_gate_resolves_a_cycle_by_its_own_commit_when_other_arms_ran_since():
+    """After other arms' cycles (the speed controller's plain steps, other tree shapes), the tokens the gate reads
+    next include their commits: only the first ``own`` are its last cycle's outcome."""
+    from hf_spec.drafters.ngram import CycleGate
+
+    trie = DraftTree(torch.tensor([0, 5]), torch.tensor([-1, 0]), None, None, None, None, None)
+    alone, after_others = CycleGate({1: 10.0, 17: 14.0}, 16), CycleGate({1: 10.0, 17: 14.0}, 16)
+    for gate, tokens, own in ((alone, [7, 8, 9], None), (after_others, [7, 8, 9, *range(20, 50)], 3)):
+        gate.record_drafted(8, 5.0, 1.0, trie)
+        gate.record_committed(tokens, own=own)
+        gate.record_ngram(2.0)
+        gate.record_committed([5, 6, 7, 8], own=1)  # the trie alone committed 1 token, 1 fewer than expected
+    for expected in (1.0, 2.0):
+        assert after_others.gain(expected) == pytest.approx(alone.gain(expected))
+        assert after_others.trie_tokens(expected) == pytest.approx(alone.trie_tokens(expected))
+    assert alone.gain(1.0) == pytest.approx((2 + 4 * 1.2) / 5)  # bucket 0: its gain 2, the prior 1.2 (overall)
+    assert alone.trie_tokens(2.0) == pytest.approx(2.0 - 1 / 5)
 
 
 def test_cycle_gate_lets_copy_cycles_go_deep_only_while_the_deep_nodes_were_accepted():

@@ -77,6 +77,11 @@ class NGramHybridSession(DraftingSession):
         self._deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
         """Committed (features, tokens) of skipped cycles, not yet given to :attr:`inner`."""
         self._drafted = 0
+        self._own: int | None = None
+        """Tokens of the next :meth:`propose`'s pairs that its last tree committed, when other arms ran since."""
+
+    def read_other_arms(self, own: int) -> None:
+        self._own = own
 
     @property
     def forward_seconds(self) -> float:
@@ -97,12 +102,13 @@ class NGramHybridSession(DraftingSession):
         # Only a weighed cycle's drafting is timed through the device (timing.clock), as the gate needs it.
         start = time.perf_counter()
         committed = self.ngram.extend(next_tokens)
+        own, self._own = self._own, None
         depth = self.depth or self.gate_nodes()
         copy_budget = self.ngram.copy_budget(depth) if self.copy_nodes else 0  # no scan where copies cannot be
         self.copied = copy_budget > 0
         weighed = None
         if self.gate is not None:
-            self.gate.record_committed(committed)
+            self.gate.record_committed(committed, own=own)
             weighed = self._trie_alone(next_tokens[-1], depth, copy_budget)
             if self.gate.prefers_ngram(weighed[0], len(weighed[1]) - 1):
                 self.gate.record_ngram(weighed[0])

@@ -57,6 +57,12 @@ class DraftingSession:
         that follows each; the last one is the new root of the returned tree."""
         raise NotImplementedError
 
+    def read_other_arms(self, own: int) -> None:
+        """Said before a :meth:`propose` whose pairs span cycles that other arms of the speed controller ran since
+        this session's last tree: only the first ``own`` tokens are that tree's commit. A session that learns
+        from its own trees' outcomes must not count the rest as one (the n-gram hybrid's cost gate); others need
+        not care."""
+
     @property
     def forward_seconds(self) -> float:
         """Seconds spent drafting (drafter forwards, n-gram lookups), timed by :meth:`propose` (on CUDA with

@@ -215,15 +215,18 @@ class CycleGate:
                 self._copy_small.add(outcome[1], trial.small_cost)
         self._copy_trials = waiting
 
-    def record_committed(self, tokens: Sequence[int]) -> None:
-        """The tokens the last cycle committed (accepted + the target's own), after :meth:`record_ngram` or
-        :meth:`record_drafted`."""
+    def record_committed(self, tokens: Sequence[int], own: int | None = None) -> None:
+        """The tokens committed since the last cycle this gate weighed, after :meth:`record_ngram` or
+        :meth:`record_drafted`: that cycle's own commit (accepted + the target's own) is the first ``own`` of
+        them (None: all), the rest came from cycles of other arms (the speed controller's plain steps, other tree
+        shapes), which say nothing of this gate's trie or drafter."""
         if self._copy_trials:
             self._record_copy_outcomes(tokens)
         if self._pending is None:
             return
         expected, children = self._pending
         self._pending = None
+        tokens = tokens[:own] if own is not None else tokens
         bucket = self.bucket(expected)
         if children is None:
             alone = len(tokens)
