@@ -226,7 +226,7 @@ class CycleGate:
             return
         expected, children = self._pending
         self._pending = None
-        tokens = tokens[:own] if own is not None else tokens
+        tokens = tokens[:own]  # own None: all of them
         bucket = self.bucket(expected)
         if children is None:
             alone = len(tokens)
