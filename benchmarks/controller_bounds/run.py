@@ -18,7 +18,9 @@ against ``plain_few_row``'s in the same round (a machine whose speed drifts betw
 within the call: each drafted cycle's tokens at the median time of the plain cycles around it, plus the plain
 cycles' own time, over the time of all the call's cycles (drift between calls and slow spells within one move
 both; the prefill is left out, and so is any difference between the loop's plain step and ``generate()``'s, which
-the paired reading keeps).
+the paired reading keeps). The within-call readings are also kept in the order the calls ran, and read over the
+second half of the calls: what a useless drafter costs once the controller's start (a cold first call, then a few
+probe cycles per call until drafting has its evidence) is behind it.
 
 One process, one fresh controller per drafter (cold: nothing on disk is read). Public API only.
 
@@ -179,7 +181,7 @@ def main(argv=None) -> dict:
                "random": lambda: target.generate(prompt, assistant_model=randomly, **common),
                "oracle": lambda: target.generate(prompt, assistant_model=oracle, **common)}  # fmt: skip
     drafters = {"random": randomly, "oracle": oracle}
-    rows, turn = [], 0
+    rows, turn, calls = [], 0, []  # calls: the random drafter's within-call readings in the order the calls ran
     for i, prompt in enumerate(prompts):
         oracle.reference = target.generate(prompt, **common)[0]  # the oracle's chain: plain greedy
         rounds = {name: [] for name in methods}
@@ -195,6 +197,7 @@ def main(argv=None) -> dict:
                 outputs[name] = out
                 if name == "random":
                     own.append(within_call(randomly.last_generation_stats))
+                    calls.append(own[-1])
         rand_stats, orac_stats = best["random"][1], best["oracle"][1]
         plain, new = outputs["plain"], outputs["plain"].shape[1] - prompt.shape[1]
         paired = [few / rand for few, rand in zip(rounds["plain_few_row"], rounds["random"])]
@@ -234,6 +237,9 @@ def main(argv=None) -> dict:
         "random_over_plain_few_row_paired": statistics.geometric_mean(
             [r["random_over_plain_few_row_paired"] for r in rows]),  # per prompt: the median over rounds
         "random_within_call": statistics.geometric_mean([r["random_within_call"] for r in rows]),
+        "random_within_call_by_call": calls,
+        "random_within_call_second_half": statistics.geometric_mean(
+            [x for x in calls[len(calls) // 2:] if x is not None] or [math.nan]),  # after the controller's start
         "random_over_plain_few_row_after_first": (sum(r["plain_few_row_s"] for r in rows[1:])
                                                   / sum(r["random_s"] for r in rows[1:]) if len(rows) > 1 else math.nan),
         "oracle_over_plain": total["plain_s"] / total["oracle_s"],
