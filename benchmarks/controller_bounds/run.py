@@ -181,7 +181,7 @@ def main(argv=None) -> dict:
                "random": lambda: target.generate(prompt, assistant_model=randomly, **common),
                "oracle": lambda: target.generate(prompt, assistant_model=oracle, **common)}  # fmt: skip
     drafters = {"random": randomly, "oracle": oracle}
-    rows, turn, calls = [], 0, []  # calls: the random drafter's within-call readings in the order the calls ran
+    rows, turn = [], 0
     for i, prompt in enumerate(prompts):
         oracle.reference = target.generate(prompt, **common)[0]  # the oracle's chain: plain greedy
         rounds = {name: [] for name in methods}
@@ -197,7 +197,6 @@ def main(argv=None) -> dict:
                 outputs[name] = out
                 if name == "random":
                     own.append(within_call(randomly.last_generation_stats))
-                    calls.append(own[-1])
         rand_stats, orac_stats = best["random"][1], best["oracle"][1]
         plain, new = outputs["plain"], outputs["plain"].shape[1] - prompt.shape[1]
         paired = [few / rand for few, rand in zip(rounds["plain_few_row"], rounds["random"])]
@@ -225,6 +224,7 @@ def main(argv=None) -> dict:
         tk = forward_ms(target, prompts[0], args.oracle_depth + 1)
     total = {k: sum(r[k] for r in rows) for k in ("plain_s", "plain_few_row_s", "random_s", "oracle_s", "new_tokens")}
     oracle_tau = sum(r["oracle_tau"] for r in rows) / len(rows)
+    calls = [x for r in rows for x in r["random_within_call_by_round"]]  # the random drafter's calls, in order
     result = {
         "machine": {"cpu": hf_spec.cpu_name(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__, "dtype": dtype,
