@@ -52,3 +52,15 @@ def test_the_paired_reading_is_the_geometric_mean_and_its_interval_grows_with_th
 def test_two_runs_are_within_five_percent_not_or_unresolved(second, noise, verdict):
     (row,) = compare_runs.compare(run([1.5], noise), run([second], noise))
     assert row["ratio"] == pytest.approx(second / 1.5) and row["verdict"] == verdict
+
+
+def test_run_to_run_is_also_read_over_the_prompts_whose_texts_both_runs_share():
+    first, second = run([1.5], 0.01), run([1.5, 2.0], 0.01)  # run 2 faster on the odd prompts…
+    for i, (a, b) in enumerate(zip(first["prompts"], second["prompts"])):
+        a["plain"]["text"] = b["plain"]["text"] = f"answer {i}"
+        a["method"]["identical"] = True  # …where its text changed: other work, not another speed
+        b["method"].update({"identical": True} if i % 2 == 0 else {"identical": False, "text": f"other {i}"})
+    (row,) = compare_runs.compare(first, second)
+    assert row["ratio"] == pytest.approx(math.sqrt(2.0 / 1.5)) and row["verdict"] == "not met"
+    assert row["same_text"] == 7 and row["same_text_ratio"][0] == pytest.approx(1.0)
+    assert "| 7/14 | 1.000 (" in compare_runs.markdown([row])

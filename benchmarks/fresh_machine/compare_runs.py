@@ -6,6 +6,11 @@ For each method, each run's speedup over plain paired by round (see ``fresh_mach
 over run 1 with the 95% interval of the two runs' timing noise together. The issue's target, two cold runs within
 5%, is **met** when that interval lies inside 0.95-1.05, **not met** when it lies outside, and **unresolved** (the
 noise is too large to say) when it straddles a bound. Reads the JSON files only.
+
+Where a method's text for a prompt differs between the runs (bf16: the controller's tree sizes, chosen from measured
+times, round differently at near-ties), the two runs did different work on that prompt: a longer answer, other
+drafts. So beside the reading over every prompt, each row gives run 2 over run 1 over the prompts whose texts are the
+same in both runs, which separates the machine's and the policy's speed from the texts' divergence.
 """
 
 from __future__ import annotations
@@ -37,29 +42,53 @@ def verdict(low: float | None, high: float | None) -> str:
     return "unresolved"
 
 
+def output_text(row: dict, name: str) -> str | None:
+    """``name``'s text for one prompt of a results.json (plain's where it was identical; None: not recorded)."""
+    entry = row[name]
+    if "text" in entry:
+        return entry["text"]
+    return row["plain"].get("text") if entry.get("identical") else None
+
+
+def run_ratio(first: list[dict], second: list[dict], name: str):
+    """(run 2 / run 1 of ``name``'s paired speedup over plain, low, high of its 95% interval; None without two
+    rounds) over these prompts."""
+    a, b = paired_reading(first, name, "plain"), paired_reading(second, name, "plain")
+    ratio = b[0] / a[0]
+    widths = [half_width(a), half_width(b)]
+    if None in widths:
+        return a, b, ratio, None, None
+    half = math.hypot(*widths)
+    return a, b, ratio, ratio * math.exp(-half), ratio * math.exp(half)
+
+
 def compare(first: dict, second: dict) -> list[dict]:
     rows = []
     for name in [m for m in first["methods"] if m in second["methods"] and m != "plain"]:
-        a, b = paired_reading(first["prompts"], name, "plain"), paired_reading(second["prompts"], name, "plain")
-        ratio = b[0] / a[0]
-        widths = [half_width(a), half_width(b)]
-        if None in widths:
-            low = high = None
-        else:
-            half = math.hypot(*widths)
-            low, high = ratio * math.exp(-half), ratio * math.exp(half)
-        rows.append({"method": name, "run1": a, "run2": b, "ratio": ratio, "low": low, "high": high,
-                     "verdict": verdict(low, high)})  # fmt: skip
+        a, b, ratio, low, high = run_ratio(first["prompts"], second["prompts"], name)
+        same = [i for i, (x, y) in enumerate(zip(first["prompts"], second["prompts"]))
+                if output_text(x, name) is not None and output_text(x, name) == output_text(y, name)]  # fmt: skip
+        row = {"method": name, "run1": a, "run2": b, "ratio": ratio, "low": low, "high": high,
+               "verdict": verdict(low, high), "same_text": len(same), "prompts": len(first["prompts"]),
+               "same_text_ratio": None}  # fmt: skip
+        if same and len(same) < len(first["prompts"]):
+            _, _, same_ratio, same_low, same_high = run_ratio([first["prompts"][i] for i in same],
+                                                              [second["prompts"][i] for i in same], name)  # fmt: skip
+            row["same_text_ratio"] = (same_ratio, same_low, same_high)
+        rows.append(row)
     return rows
 
 
 def markdown(rows) -> str:
-    lines = ["| method | run 1, x plain paired | run 2, x plain paired | run 2 / run 1 | within 5% |",
-             "|---|---:|---:|---:|---|"]
+    lines = ["| method | run 1, x plain paired | run 2, x plain paired | run 2 / run 1 | within 5% | same text | "
+             "run 2 / run 1, same texts |", "|---|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         span = "" if r["low"] is None else f" ({r['low']:.2f}-{r['high']:.2f})"
+        same = r["same_text_ratio"]
+        same_cell = "all" if r["same_text"] == r["prompts"] else "–" if same is None else (
+            f"{same[0]:.3f}" + ("" if same[1] is None else f" ({same[1]:.2f}-{same[2]:.2f})"))
         lines.append(f"| {r['method']} | {format_reading(r['run1'])} | {format_reading(r['run2'])} | "
-                     f"{r['ratio']:.3f}{span} | {r['verdict']} |")
+                     f"{r['ratio']:.3f}{span} | {r['verdict']} | {r['same_text']}/{r['prompts']} | {same_cell} |")
     return "\n".join(lines) + "\n"
 
 
