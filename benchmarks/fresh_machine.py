@@ -219,7 +219,7 @@ def markdown(summary, info, command, date, n_prompts, args):
              "interleaved; geometric means over prompts of the speedup in tokens/s. Paired: each round's times "
              "compared within the round, with the 95% interval of the timing noise (from the rounds' spread).", "",
              "| method | x plain | x prompt lookup | x plain, paired | x prompt lookup, paired | "
-             + " | ".join(f"x plain: {k}" for k in kinds) + " | min x plain | τ | identical to plain |",
+             + " | ".join(f"x plain: {k}" for k in kinds) + " | slowest prompt, x plain | τ | identical to plain |",
              "|---|" + "---:|" * (len(kinds) + 7)]  # fmt: skip
     for name, s in summary.items():
         lines.append(f"| {name} | {f(s['x_plain'])} | {f(s['x_prompt_lookup'])} | "
