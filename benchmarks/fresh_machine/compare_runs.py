@@ -51,8 +51,8 @@ def output_text(row: dict, name: str) -> str | None:
 
 
 def run_ratio(first: list[dict], second: list[dict], name: str):
-    """(run 2 / run 1 of ``name``'s paired speedup over plain, low, high of its 95% interval; None without two
-    rounds) over these prompts."""
+    """Over these prompts: run 1's and run 2's paired readings of ``name``'s speedup over plain, run 2 over run 1,
+    and the low and high of that ratio's 95% interval (None without two rounds)."""
     a, b = paired_reading(first, name, "plain"), paired_reading(second, name, "plain")
     ratio = b[0] / a[0]
     widths = [half_width(a), half_width(b)]
