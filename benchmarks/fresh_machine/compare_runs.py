@@ -66,8 +66,8 @@ def compare(first: dict, second: dict) -> list[dict]:
     rows = []
     for name in [m for m in first["methods"] if m in second["methods"] and m != "plain"]:
         a, b, ratio, low, high = run_ratio(first["prompts"], second["prompts"], name)
-        same = [i for i, (x, y) in enumerate(zip(first["prompts"], second["prompts"]))
-                if output_text(x, name) is not None and output_text(x, name) == output_text(y, name)]  # fmt: skip
+        texts = [(output_text(x, name), output_text(y, name)) for x, y in zip(first["prompts"], second["prompts"])]
+        same = [i for i, (x, y) in enumerate(texts) if x is not None and x == y]
         row = {"method": name, "run1": a, "run2": b, "ratio": ratio, "low": low, "high": high,
                "verdict": verdict(low, high), "same_text": len(same), "prompts": len(first["prompts"]),
                "same_text_ratio": None}  # fmt: skip
@@ -79,16 +79,20 @@ def compare(first: dict, second: dict) -> list[dict]:
     return rows
 
 
+def format_ratio(ratio: float, low: float | None, high: float | None) -> str:
+    """Run 2 over run 1 as "ratio (low-high)" (the ratio alone without an interval)."""
+    return f"{ratio:.3f}" + ("" if low is None else f" ({low:.2f}-{high:.2f})")
+
+
 def markdown(rows) -> str:
     lines = ["| method | run 1, x plain paired | run 2, x plain paired | run 2 / run 1 | within 5% | same text | "
              "run 2 / run 1, same texts |", "|---|---:|---:|---:|---|---:|---:|"]
     for r in rows:
-        span = "" if r["low"] is None else f" ({r['low']:.2f}-{r['high']:.2f})"
         same = r["same_text_ratio"]
-        same_cell = "all" if r["same_text"] == r["prompts"] else "–" if same is None else (
-            f"{same[0]:.3f}" + ("" if same[1] is None else f" ({same[1]:.2f}-{same[2]:.2f})"))
+        same_cell = "all" if r["same_text"] == r["prompts"] else "–" if same is None else format_ratio(*same)
         lines.append(f"| {r['method']} | {format_reading(r['run1'])} | {format_reading(r['run2'])} | "
-                     f"{r['ratio']:.3f}{span} | {r['verdict']} | {r['same_text']}/{r['prompts']} | {same_cell} |")
+                     f"{format_ratio(r['ratio'], r['low'], r['high'])} | {r['verdict']} | "
+                     f"{r['same_text']}/{r['prompts']} | {same_cell} |")
     return "\n".join(lines) + "\n"
 
 
