@@ -23,6 +23,8 @@ SHAPE = dict(tree_depth=4, tree_top_k=4, tree_total_tokens=12)
 
 
 def capture_trees(monkeypatch):
+    """(drafter tree, grafted tree) of every drafted cycle: grafted by the branches' own budget, or under the cost
+    gate with the gate's trie."""
     trees = []
     original = hybrid.NGramBranches.graft
 
@@ -31,7 +33,13 @@ def capture_trees(monkeypatch):
         trees.append((tree, grafted))
         return grafted
 
+    def graft_gate_trie(tree, trie):
+        grafted = graft_trie(tree, trie)
+        trees.append((tree, grafted))
+        return grafted
+
     monkeypatch.setattr(hybrid.NGramBranches, "graft", graft)
+    monkeypatch.setattr(hybrid, "graft_trie", graft_gate_trie)
     return trees
 
 
@@ -421,6 +429,36 @@ def test_deferred_pairs_reach_the_drafter_cache_as_if_never_skipped():
         assert torch.equal(drafted[-1].tokens, tree.tokens) and torch.allclose(drafted[-1].scores, tree.scores)
     assert every.committed == inner.committed == length + 4  # every pair in the cache
     assert gated.skipped_cycles == 2
+
+
+class CostGate(ScriptedGate):
+    """A cost gate that never skips the drafter and prices each verified node at ``node_costs``."""
+
+    def __init__(self, node_costs):
+        super().__init__(skip_at=())
+        self.node_costs = node_costs
+
+
+@pytest.mark.parametrize("node_costs, most", [(100.0, 0), (0.0, 2)])
+def test_a_gated_drafted_cycle_verifies_only_the_nodes_the_gate_priced(node_costs, most, monkeypatch):
+    """Under the cost gate a drafted cycle grafts the trie the gate weighed (cut by the verification costs), at most
+    the arm's budget: where every node costs more than it is expected to commit, none; where nodes are free, the
+    budget's best. Not ``branches`` nodes regardless of their cost (a float32 CPU pays for each verified row)."""
+    target, drafter = oracle_pair("llama")
+    prompt = target_text_prompt(target)  # the text loops: the trie has nodes
+    ids = plain_generate(target, prompt, max_new_tokens=3, do_sample=False)
+    features = target.base_model(input_ids=ids).last_hidden_state[0]
+    shape = TreeShape(3, 2, 4)
+    inner = EagleDraftingSession(drafter, shape, False, 1.0, prompt)
+    gated = NGramHybridSession(inner, drafter.config, shape, False, prompt, branches=2, gate=CostGate(node_costs))
+    grafted = []
+    monkeypatch.setattr(hybrid, "graft_trie", lambda tree, trie: grafted.append(len(trie)) or graft_trie(tree, trie))
+    length = prompt.shape[1]
+    for end in (length, length + 1, length + 2):
+        start = 0 if end == length else end - 1
+        gated.propose(features[start:end], ids[0, start + 1 : end + 1])
+    assert gated.skipped_cycles == 0 and len(grafted) == 3 and not gated.copied
+    assert max(grafted) == most  # the gate's trie, capped by the budget: at most 2 nodes, none when too dear
 
 
 def test_copy_budget_tells_copy_and_plain_cycles_apart():

@@ -81,10 +81,10 @@ class SpecDrafterConfig(PretrainedConfig):
         ngram_cost_gate: decide each cycle by expected value whether to run the drafter at all. Every cycle builds
             the n-gram trie as :class:`~hf_spec.NGramDrafter` would (up to ``ngram_copy_nodes``, else 16, nodes to
             ``ngram_depth``, cut by this machine's measured verification cost); the drafter runs, its tree taking
-            at least that trie's nodes as branches, only when the tokens it has added so far to tries of the same
-            expected yield (exact in greedy decoding) pay for its forwards and nodes
-            (:class:`~hf_spec.drafters.ngram.CycleGate`); else the trie alone is verified. Needs ``ngram_nodes``
-            > 0. Default False.
+            that trie's nodes as branches (at most ``ngram_nodes`` of them but on a copy cycle: no node the cost
+            cut dropped), only when the tokens it has added so far to tries of the same expected yield (exact in
+            greedy decoding) pay for its forwards and nodes (:class:`~hf_spec.drafters.ngram.CycleGate`); else the
+            trie alone is verified. Needs ``ngram_nodes`` > 0. Default False.
         ngram_branches: the old name of ``ngram_nodes`` (it counted nodes), still read with a FutureWarning.
     """
 

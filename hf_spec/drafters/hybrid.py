@@ -26,7 +26,7 @@ from .. import timing, verify_cost
 from ..tree.tree import DraftTree
 from .ngram.branches import NGramBranches
 from .ngram.gate import CycleGate
-from .ngram.trie import DEFAULT_DRAFT_DEPTH, DEFAULT_DRAFT_NODES
+from .ngram.trie import DEFAULT_DRAFT_DEPTH, DEFAULT_DRAFT_NODES, TrieNodes, graft_trie
 from .session import DraftingSession
 
 _GATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -125,25 +125,32 @@ class NGramHybridSession(DraftingSession):
         tree = self.inner.propose(features, next_tokens)
         grafting = time.perf_counter()
         drafter_nodes = len(tree) - 1
-        branches = max(self.branches, len(weighed[1]) - 1) if weighed is not None else self.branches
-        tree = self.ngram.graft(tree, self.shape, branches, self.do_sample, depth=self.depth)
+        if weighed is None:
+            tree = self.ngram.graft(tree, self.shape, self.branches, self.do_sample, depth=self.depth)
+        else:  # the gate's trie (at most the arm's budget but on a copy cycle), no node it judged not worth verifying
+            expected, alone, trie = weighed
+            if not self.copied and len(trie) > self.branches:
+                trie = trie.first(self.branches)
+                alone, expected = self.ngram.trie_tree(int(next_tokens[-1]), trie, next_tokens.device)
+            tree = graft_trie(tree, trie)
         self.seconds += time.perf_counter() - grafting
         if weighed is not None:  # the first drafted cycle reads the whole prompt: no cycle's cost
             draft_ms = 1000.0 * (timing.clock(next_tokens.device) - drafting) if self._drafted else None
-            self.gate.record_drafted(drafter_nodes, draft_ms, *weighed)
+            self.gate.record_drafted(drafter_nodes, draft_ms, expected, alone)
         self._drafted += 1
         return tree
 
-    def _trie_alone(self, root_token: torch.Tensor, depth: int, copy_budget: int) -> tuple[float, DraftTree]:
+    def _trie_alone(self, root_token: torch.Tensor, depth: int,
+                    copy_budget: int) -> tuple[float, DraftTree, TrieNodes]:  # fmt: skip
         """The n-gram trie the gate weighs against drafting, ``depth`` deep at most, sized by this machine's costs
         (a copy cycle's, whose ``copy_budget`` exceeds the usual trie, by :meth:`CycleGate.copy_trie`): its expected
-        committed tokens and the tree of it alone."""
+        committed tokens, the tree of it alone, and the trie."""
         if copy_budget > DEFAULT_DRAFT_NODES:
             trie = self.gate.copy_trie(self.ngram.sized_trie(self.gate_nodes(), depth, self.gate.node_costs))
         else:  # as NGramDrafter drafts (not the drafter tree's branching: the trie alone is verified)
             trie = self.ngram.sized_trie(DEFAULT_DRAFT_NODES, min(depth, DEFAULT_DRAFT_DEPTH), self.gate.node_costs)
         tree, expected = self.ngram.trie_tree(int(root_token), trie, root_token.device)
-        return expected, tree
+        return expected, tree, trie
 
 
 def with_ngram_branches(session: DraftingSession, drafter, target, shape, do_sample: bool, prompt_ids,
