@@ -47,7 +47,9 @@ The policy is a hill climb with probes:
   controller ran those arms there);
 - the first cycle after a switch is not measured (it carries the catch-up work of an arm that had not run:
   its drafter reads the committed tokens it missed), nor the first cycle of a call (the drafter reads the
-  prompt); a cycle counts at most ``outlier`` times its arm's mean cycle time (a stall must not condemn an arm).
+  prompt), nor a cycle that packed a weight (a CPU kernel trial's first-time work, whatever the arm:
+  :func:`hf_spec.linear_kernels.weights_packed`); a cycle counts at most ``outlier`` times its arm's mean cycle time
+  (a stall must not condemn an arm).
 
 Nothing is cached on disk and nothing is final: the controller lives as long as the process, one per
 (drafter, target, device, dtype, threads, batch size class, sampling) (:func:`controller_for`), and keeps
@@ -260,10 +262,13 @@ class SpeedController:
                 self.probes += 1
         return self._probe if self._probe is not None else self.current
 
-    def record(self, arm: int, seconds: float, tokens: int, rows: int = 1, copied: bool = False) -> None:
+    def record(self, arm: int, seconds: float, tokens: int, rows: int = 1, copied: bool = False,
+               typical: bool = True) -> None:  # fmt: skip
         """One finished cycle of ``arm``: its wall ``seconds``, the tokens it committed (every row), the rows it
-        ran (a plain cycle commits one token per row) and whether it was a copy cycle (see the module docstring)."""
-        measured = self._last == arm
+        ran (a plain cycle commits one token per row), whether it was a copy cycle (see the module docstring) and
+        whether its time is typical of the arm (False, e.g. it packed a weight: not measured, as a switch's first
+        cycle is not)."""
+        measured = self._last == arm and typical
         self._last = arm
         self.cycle += 1
         for estimate in (*self._estimates, *self._copy_free):

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from . import compat, timing, verify_cost
+from . import compat, linear_kernels, timing, verify_cost
 from .cache import crop_to, gather_positions, keep_accepted, select_rows
 from .controller import SpeedController
 from .drafters.hybrid import with_ngram_branches
@@ -608,7 +608,9 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
         if cycle_start is not None:  # the cycle's wall time, emit included
             stats.cycle_seconds.append(time.perf_counter() - cycle_start)
             if controller is not None:
-                controller.record(arm_index, stats.cycle_seconds[-1], committed, rows=len(active), copied=copied)
+                typical = linear_kernels.weights_packed() == cycle_packed  # no weight packed in the cycle
+                controller.record(arm_index, stats.cycle_seconds[-1], committed, rows=len(active), copied=copied,
+                                  typical=typical)  # fmt: skip
         everyone_stopped = all(row.stop_length is not None for row in rows)
         horizon = max(row.stop_length for row in rows) if everyone_stopped else None
 
@@ -626,7 +628,7 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
         layout.keep_rows(keep)
 
         # Propose: the controller's arm for this cycle, one draft tree per row.
-        cycle_start = time.perf_counter()
+        cycle_start, cycle_packed = time.perf_counter(), linear_kernels.weights_packed()
         if controller is not None:
             arm_index = controller.choose()
             stats.arm_per_cycle.append(arm_index)
@@ -635,11 +637,13 @@ def decode(model, input_ids, logits_processor, stopping_criteria, generation_con
         copied = any(row.drafting.copied for row in active)  # one copying row's tokens swamp the others'
 
         # Verify: one target forward and one LM-head matmul for all rows, then each row's walk.
-        verify_start = time.perf_counter()
+        verify_start, verify_packed = time.perf_counter(), linear_kernels.weights_packed()
         row_logits = layout.verify(target, trees)
         stats.verify_forwards += 1
         walks = call.walk(active, trees, row_logits)  # reads the logits: the forward is done, on any device
-        if one_row:  # what this tree size costs as decoding runs it, for the drafters that size trees by it
+        # What this tree size costs as decoding runs it, for the drafters that size trees by it; not a forward that
+        # packed a weight (a kernel trial's first-time work, which decoding does not pay per step).
+        if one_row and linear_kernels.weights_packed() == verify_packed:
             costs = costs or verify_cost.live_verify_costs(model)
             if costs is not None:
                 costs.observe(len(trees[0]), 1000.0 * (time.perf_counter() - verify_start))

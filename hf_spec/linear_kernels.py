@@ -46,7 +46,7 @@ from . import compat
 from .kernel_trials import ForcedKernel, KernelEvidence, decision, expired, timed_turn, trial_samples
 
 __all__ = ["KERNELS", "MAX_ROWS", "MIN_GAIN", "PACK_MEMORY_SHARE", "TRIAL_CALLS", "WARMUP_CALLS", "few_row_linears",
-           "forced_kernel", "kernel_choices"]  # fmt: skip
+           "forced_kernel", "kernel_choices", "weights_packed"]  # fmt: skip
 
 KERNELS = ("F.linear", "transposed", "packed")
 """The kernels a few-row call may run (module docstring); ``F.linear`` is the default."""
@@ -78,6 +78,8 @@ _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """Layer -> (what its weight was when packed, the packed copy, its bytes): reused across blocks while the weight is
 unchanged and some choice of its shape is ``packed`` or still on trial."""
 _unpackable: set[torch.dtype] = set()
+_packings = 0
+"""Weights packed so far in this process (:func:`weights_packed`)."""
 """Dtypes this torch build could not pack (no MKL or oneDNN packing): their layers keep the other two kernels."""
 _forced = ForcedKernel(KERNELS)
 """Tests set this (through :func:`forced_kernel`) to run one kernel everywhere."""
@@ -122,6 +124,14 @@ def _free_memory() -> int | None:
         return None
 
 
+def weights_packed() -> int:
+    """Weights packed so far in this process. A call that packs one copies the weight first (SmolLM2-135M's head in
+    float32 on a 2-core EPYC: a verification of 5 tokens took 530 ms, not 130), which a trial does once per weight
+    and recheck, not per step: decoding's cost measurements (:mod:`hf_spec.verify_cost`, the speed controller, the
+    cost gate) leave out the forwards during which this count grew."""
+    return _packings
+
+
 def _packed_weight(layer: nn.Linear) -> torch.Tensor | None:
     """``layer``'s packed weight, made on first use (None: its dtype cannot be packed, or the memory share was spent
     when it was asked for); remade when the weight changed since (in place, or replaced)."""
@@ -138,6 +148,8 @@ def _packed_weight(layer: nn.Linear) -> torch.Tensor | None:
     free = _free_memory()
     packed = None
     if free is None or held + size <= PACK_MEMORY_SHARE * (free + held):
+        global _packings
+        _packings += 1
         try:
             packed = compat.pack_linear_weight(weight)
         except RuntimeError:

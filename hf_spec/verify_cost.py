@@ -10,12 +10,12 @@ device, dtype and the target's shape, not on any drafter. ``hf-spec tune`` predi
 
 Decoding uses it only as a prior: :func:`verify_costs` is the process's :class:`VerifyCosts` for a target, the curve
 corrected by the decoding loop's own measured verifications (each one-row cycle reports its tree size and wall
-time). Drafters that size their trees per cycle (:class:`~hf_spec.NGramDrafter`, the n-gram branches and cost gate
-of the trained drafters) weigh a node's acceptance against its :meth:`VerifyCosts.curve` when a call starts. Why:
-a few seconds of timing in a drifting machine, once per process, gave curves whose node costs differed enough that
-one process grafted no n-gram nodes into EAGLE's two-token trees and another up to ten; and a forward timed
-apart from decoding is not what decoding pays (on a 2-core EPYC in float32, 6 tree tokens cost 1.6x a plain step
-inside ``generate()``).
+time, but a forward that packed a weight: :func:`hf_spec.linear_kernels.weights_packed`). Drafters that size their
+trees per cycle (:class:`~hf_spec.NGramDrafter`, the n-gram branches and cost gate of the trained drafters) weigh
+a node's acceptance against its :meth:`VerifyCosts.curve` when a call starts. Why: a few seconds of timing in a
+drifting machine, once per process, gave curves whose node costs differed enough that one process grafted no n-gram
+nodes into EAGLE's two-token trees and another up to ten; and a forward timed apart from decoding is not what
+decoding pays (on a 2-core EPYC in float32, 6 tree tokens cost 1.6x a plain step inside ``generate()``).
 
 The bottom of the house: this module imports only compat, cache, tree, timing, resources, hardware and the pure
 curve helpers of :mod:`hf_spec.shape_select` — never a drafter, the decoding loop or the bench.

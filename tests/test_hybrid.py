@@ -324,9 +324,9 @@ class RecordingController(SpeedController):
     def choose(self) -> int:
         return len(self.labels) - 1
 
-    def record(self, arm, seconds, tokens, rows=1, copied=False):
+    def record(self, arm, seconds, tokens, rows=1, copied=False, typical=True):
         self.reported.append((tokens, copied))
-        super().record(arm, seconds, tokens, rows=rows, copied=copied)
+        super().record(arm, seconds, tokens, rows=rows, copied=copied, typical=typical)
 
 
 def test_the_loop_tells_the_controller_which_cycles_were_copy_cycles(monkeypatch):

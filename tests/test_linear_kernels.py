@@ -60,13 +60,16 @@ def test_a_packed_weight_follows_its_weight_and_is_dropped_where_no_choice_uses_
     layer = nn.Linear(32, 64, bias=False)
     x = torch.randn(2, 32)
     with torch.no_grad(), few_row_linears(layer), forced_kernel("packed"):
+        before = linear_kernels.weights_packed()
         first = layer(x)
         packed = linear_kernels._packed[layer][1]
         assert layer(x) is not None and linear_kernels._packed[layer][1] is packed  # made once, reused
+        assert linear_kernels.weights_packed() == before + 1  # counted: decoding leaves such a forward's time out
         layer.weight.mul_(2.0)  # changed in place: the packed copy is stale
         torch.testing.assert_close(layer(x), 2.0 * first, rtol=1e-5, atol=1e-5)
         layer.weight = nn.Parameter(torch.randn(64, 32))  # replaced
         torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+        assert linear_kernels.weights_packed() == before + 3  # packed again after each change
     assert layer not in linear_kernels._packed  # no shape chose `packed` (it was forced): the copy is released
     linear_kernels._tables[((64, 32), torch.float32, torch.get_num_threads())] = {2: "packed"}
     with torch.no_grad(), few_row_linears(layer):

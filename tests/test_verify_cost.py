@@ -1,12 +1,14 @@
 """The target's verification costs as decoding pays them (hf_spec.verify_cost.VerifyCosts): a measured prior
 corrected by the loop's own timed verifications, which the n-gram tree sizing reads at each call."""
 
+import itertools
+
 import pytest
 import torch
 
 import hf_spec
 from conftest import make_target, random_prompt
-from hf_spec import verify_cost
+from hf_spec import linear_kernels, verify_cost
 from hf_spec.verify_cost import VerifyCosts
 
 PRIOR = {1: 10.0, 2: 10.0, 4: 12.0, 8: 16.0, 16: 24.0}
@@ -54,6 +56,7 @@ def test_the_loop_reports_each_verification_and_the_next_call_sizes_trees_by_it(
     """generate() with a drafter that sizes its trees by the costs reports every one-row verification (tree size,
     wall ms); plain generate() asks for nothing and times nothing."""
     monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model: dict(PRIOR))
+    monkeypatch.setattr(linear_kernels, "weights_packed", lambda: 0)  # no forward packs a weight
     target = make_target("llama")
     prompt = random_prompt(length=12, vocab_size=128, seed=3).repeat(1, 3)
     target.generate(prompt, max_new_tokens=8, do_sample=False)
@@ -70,3 +73,19 @@ def test_the_loop_reports_each_verification_and_the_next_call_sizes_trees_by_it(
     assert seen and seen[0] == costs.observations - drafter.last_generation_stats.verify_forwards  # read at the start
     monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model: {1: 5.0, 64: 6.0})
     assert verify_cost.verify_costs(target) is not costs  # a new prior (another machine's cache) starts afresh
+
+
+def test_forwards_that_packed_a_weight_are_neither_a_verification_cost_nor_a_controller_measurement(monkeypatch):
+    """A forward during which a CPU kernel trial packed a weight (first-time work: hundreds of ms for an LM head in
+    float32) is not what decoding pays per step: the verification costs do not observe it and the speed controller
+    does not measure its cycle."""
+    monkeypatch.setattr(verify_cost, "verify_cost_curve", lambda model: dict(PRIOR))
+    packings = itertools.count()
+    monkeypatch.setattr(linear_kernels, "weights_packed", lambda: next(packings))  # grows in every forward
+    target = make_target("llama")
+    prompt = random_prompt(length=12, vocab_size=128, seed=3).repeat(1, 3)
+    drafter = hf_spec.NGramDrafter()
+    target.generate(prompt, max_new_tokens=48, do_sample=False, assistant_model=drafter, speed_controller=True)
+    stats = drafter.last_generation_stats
+    assert stats.verify_forwards > 1 and verify_cost.live_verify_costs(target).observations == 0
+    assert stats.controller is not None and set(stats.controller["ms_per_token"].values()) == {None}

@@ -22,7 +22,7 @@ import weakref
 
 import torch
 
-from .. import timing, verify_cost
+from .. import linear_kernels, timing, verify_cost
 from ..tree.tree import DraftTree
 from .ngram.branches import NGramBranches
 from .ngram.gate import CycleGate
@@ -122,6 +122,7 @@ class NGramHybridSession(DraftingSession):
             self._deferred = []
         self.seconds += time.perf_counter() - start
         drafting = timing.clock(next_tokens.device) if weighed is not None else 0.0
+        packed = linear_kernels.weights_packed()
         tree = self.inner.propose(features, next_tokens)
         grafting = time.perf_counter()
         drafter_nodes = len(tree) - 1
@@ -134,8 +135,9 @@ class NGramHybridSession(DraftingSession):
                 alone, expected = self.ngram.trie_tree(int(next_tokens[-1]), trie, next_tokens.device)
             tree = graft_trie(tree, trie)
         self.seconds += time.perf_counter() - grafting
-        if weighed is not None:  # the first drafted cycle reads the whole prompt: no cycle's cost
-            draft_ms = 1000.0 * (timing.clock(next_tokens.device) - drafting) if self._drafted else None
+        if weighed is not None:  # not a cycle's cost: the first drafted cycle's (it reads the whole prompt), packing's
+            typical = self._drafted > 0 and linear_kernels.weights_packed() == packed
+            draft_ms = 1000.0 * (timing.clock(next_tokens.device) - drafting) if typical else None
             self.gate.record_drafted(drafter_nodes, draft_ms, expected, alone)
         self._drafted += 1
         return tree
