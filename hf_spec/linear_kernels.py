@@ -78,9 +78,9 @@ _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """Layer -> (what its weight was when packed, the packed copy, its bytes): reused across blocks while the weight is
 unchanged and some choice of its shape is ``packed`` or still on trial."""
 _unpackable: set[torch.dtype] = set()
+"""Dtypes this torch build could not pack (no MKL or oneDNN packing): their layers keep the other two kernels."""
 _packings = 0
 """Weights packed so far in this process (:func:`weights_packed`)."""
-"""Dtypes this torch build could not pack (no MKL or oneDNN packing): their layers keep the other two kernels."""
 _forced = ForcedKernel(KERNELS)
 """Tests set this (through :func:`forced_kernel`) to run one kernel everywhere."""
 
