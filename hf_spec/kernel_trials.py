@@ -2,16 +2,19 @@
 (:mod:`hf_spec.linear_kernels`) and the few-query attention (:mod:`hf_spec.attention_kernels`) share.
 
 Calls of one kind (a weight shape and row count; a query count and cache length) take turns with the kernels, each
-timed on its real input where decoding leaves the data; once each kernel has its share of calls, the trial's medians
-past each one's first call are added to that kind's :class:`KernelEvidence`, and the evidence decides: the kernel
-with the least discounted mean of log time against the default's, when it is at least a margin faster (a close call
-keeps the default). A choice is kept until it is :data:`RECHECK_SECONDS` old; the next block then runs another
-trial (:func:`expired`): a machine's speed and load drift, so no choice is final; but each trial adds to the
-evidence rather than deciding alone, and a kernel far behind sits out a doubling number of trials
-(:data:`FAR_BEHIND`). Why: one trial of eight calls per kernel met a slow spell often enough (another
-process on one of two cores slows a kernel that uses both more than one that uses one) that two processes on one
-machine ended a 25-minute benchmark with different choices for eleven shapes, so their verification costs, and the
-trees sized by them, differed. This module is at the bottom of the house: it imports nothing of hf_spec.
+timed on its real input where decoding leaves the data; once each kernel still running has its share of calls, the
+trial's medians past each one's first call are added to that kind's :class:`KernelEvidence`, and the evidence
+decides: the kernel with the least discounted mean of log time against the default's, when it is at least a margin
+faster (a close call keeps the default). A kernel whose first calls measure far behind another's stops taking turns
+in that trial (:data:`EARLY_CALLS`), and a trial left with one kernel ends there: a kind on trial runs the slow
+kernels in some of its calls, and a large weight called once per forward (an LM head) stays on trial for many
+forwards. A choice is kept until it is :data:`RECHECK_SECONDS` old; the next block then runs another trial
+(:func:`expired`): a machine's speed and load drift, so no choice is final; but each trial adds to the evidence
+rather than deciding alone, and a kernel far behind sits out a doubling number of trials (:data:`FAR_BEHIND`). Why:
+one trial of eight calls per kernel met a slow spell often enough (another process on one of two cores slows a
+kernel that uses both more than one that uses one) that two processes on one machine ended a 25-minute benchmark
+with different choices for eleven shapes, so their verification costs, and the trees sized by them, differed. This
+module is at the bottom of the house: it imports nothing of hf_spec.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import statistics
 import time
 from typing import Callable
 
-__all__ = ["DISCOUNT", "FAR_BEHIND", "RECHECK_SECONDS", "ForcedKernel", "KernelEvidence", "decision", "expired",
-           "timed_turn", "trial_samples"]
+__all__ = ["DISCOUNT", "EARLY_CALLS", "FAR_BEHIND", "RECHECK_SECONDS", "ForcedKernel", "KernelEvidence", "decision",
+           "expired", "running", "timed_turn", "trial_samples"]
 
 RECHECK_SECONDS = 120.0
 """Age at which a choice goes on trial again, when the next block starts."""
@@ -34,6 +37,13 @@ FAR_BEHIND = 1.5
 after each later trial that still finds it this far behind (the losers' calls are a trial's cost: on a 2-core
 Xeon with AMX in float32 a weight packed for oneDNN ran a layer 6x slower than ``F.linear``, and every recheck ran it
 again)."""
+EARLY_CALLS = 3
+"""Within a trial, a kernel whose calls past its first (at least this many) have a median of :data:`FAR_BEHIND` times
+the least median of another kernel with as many calls or more stops taking turns (:func:`running`); its calls so far
+still join the evidence. A trial left with one kernel ends there. Why: in float32 on a 2-core AMD EPYC (Zen 1)
+SmolLM2-135M's 49,152-row head took 22.9 ms through ``F.linear`` over 4 rows, 18.4 packed and 8.5 transposed, so a
+verification of 4 tokens on trial ran its head at twice the chosen kernel's cost; the head is called once per
+forward, and the sizes that cost most on trial are the ones the loop then chose least, so they stayed on trial."""
 
 
 class KernelEvidence:
@@ -101,10 +111,19 @@ def trial_samples(trials: dict, evidences: dict, key, kernels: tuple[str, ...],
     return samples
 
 
+def running(samples: dict[str, list[float]], kernels: tuple[str, ...]) -> tuple[str, ...]:
+    """The kernels of ``kernels`` still taking turns in the trial of ``samples``: all but those far behind after
+    their early calls (:data:`EARLY_CALLS`)."""
+    early = {k: statistics.median(samples[k][1:]) for k in kernels if len(samples.get(k, ())) > EARLY_CALLS}
+    return tuple(k for k in kernels if k not in early or not any(
+        early[k] >= FAR_BEHIND * early[other] and len(samples[other]) >= len(samples[k])
+        for other in early if other != k))  # fmt: skip
+
+
 def timed_turn(samples: dict[str, list[float]], kernels: tuple[str, ...], run: Callable[[str], object]):
-    """Run the kernel of ``kernels`` with fewest timed calls in ``samples`` (``run(kernel)``), add its seconds to
-    ``samples`` and return its output."""
-    kernel = min(kernels, key=lambda k: len(samples.get(k, ())))
+    """Run the kernel of ``kernels`` still :func:`running` with fewest timed calls in ``samples`` (``run(kernel)``),
+    add its seconds to ``samples`` and return its output."""
+    kernel = min(running(samples, kernels), key=lambda k: len(samples.get(k, ())))
     start = time.perf_counter()
     out = run(kernel)
     samples.setdefault(kernel, []).append(time.perf_counter() - start)
@@ -113,10 +132,11 @@ def timed_turn(samples: dict[str, list[float]], kernels: tuple[str, ...], run: C
 
 def decision(samples: dict[str, list[float]], kernels: tuple[str, ...], share: int, default: str, min_gain: float,
              evidence: KernelEvidence | None = None) -> str | None:  # fmt: skip
-    """None while a kernel of ``kernels`` has fewer than ``share`` timed calls; then the trial's medians past each
-    kernel's first call join ``evidence`` (a new :class:`KernelEvidence` if None), which chooses among ``kernels``
-    (:meth:`KernelEvidence.choice`)."""
-    if any(len(samples.get(k, ())) < share for k in kernels):
+    """None while a kernel of ``kernels`` still :func:`running` has fewer than ``share`` timed calls (and more than
+    one runs); then the trial's medians past each kernel's first call join ``evidence`` (a new :class:`KernelEvidence`
+    if None), which chooses among ``kernels`` (:meth:`KernelEvidence.choice`)."""
+    left = running(samples, kernels)
+    if any(len(samples.get(k, ())) < (share if len(left) > 1 else EARLY_CALLS + 1) for k in left):
         return None
     evidence = KernelEvidence() if evidence is None else evidence
     evidence.add({k: statistics.median(samples[k][1:]) for k in kernels}, default)

@@ -56,9 +56,11 @@ MIN_GAIN = 0.10
 """Another kernel replaces ``F.linear`` only when the trials so far measured it at least this much faster (a close
 call keeps the default kernel)."""
 WARMUP_CALLS = 2
-"""Each layer's first calls with a row count run ``F.linear`` untimed: a process's first decoding steps run slower
-for reasons of their own (memory touched for the first time), and there, on the EPYC above, the transposed product
-measured up to twice its later cost and lost choices it wins from the third step on."""
+"""Each layer's first calls with a row count in this process run untimed: a process's first decoding steps run
+slower for reasons of their own (memory touched for the first time), and there, on the EPYC above, the transposed
+product measured up to twice its later cost and lost choices it wins from the third step on. They run the kernel
+chosen for the nearest row count of the shape, if any (``F.linear`` can be the slowest by far: SmolLM2-135M's
+49,152-row head over 5 rows took 25 ms through it against 10 transposed on a Zen 1 in float32)."""
 TRIAL_CALLS = 24
 """Calls of one weight shape with one row count that run on trial (in turns, as many with each kernel) before the
 choice: a model's 30 layers of one shape settle it within a forward or two, its LM head within 24."""
@@ -81,6 +83,9 @@ _unpackable: set[torch.dtype] = set()
 """Dtypes this torch build could not pack (no MKL or oneDNN packing): their layers keep the other two kernels."""
 _packings = 0
 """Weights packed so far in this process (:func:`weights_packed`)."""
+_warmups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Layer -> {(weight shape, dtype, threads): {rows: its calls so far while no choice existed}}, for this process (a
+layer's first-time work is done once, not in every block)."""
 _forced = ForcedKernel(KERNELS)
 """Tests set this (through :func:`forced_kernel`) to run one kernel everywhere."""
 
@@ -208,7 +213,7 @@ def _layer_forward(layer: nn.Linear, threads: int):
     table = _tables.setdefault(base, {})
     linear = torch.nn.functional.linear
 
-    seen: dict[int, int] = {}  # row count -> this layer's calls with it so far, while no choice exists
+    seen = _warmups.setdefault(layer, {}).setdefault(base, {})  # row count -> calls so far while no choice existed
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
@@ -218,8 +223,10 @@ def _layer_forward(layer: nn.Linear, threads: int):
         if kernel is None:  # no choice yet for this row count
             calls = seen[rows] = seen.get(rows, 0) + 1
             if calls <= WARMUP_CALLS:
-                return linear(x, weight, bias)
-            return _trial(base, rows, table, layer, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], weight.shape[0])
+                kernel = table[min(table, key=lambda r: (abs(r - rows), r))] if table else "F.linear"
+            else:
+                out = _trial(base, rows, table, layer, x.reshape(rows, x.shape[-1]))
+                return out.view(*x.shape[:-1], weight.shape[0])
         if kernel == "F.linear":
             return linear(x, weight, bias)
         return _run(kernel, layer, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], weight.shape[0])

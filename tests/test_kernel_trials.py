@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from hf_spec import attention_kernels, kernel_trials, linear_kernels
-from hf_spec.kernel_trials import (DISCOUNT, FAR_BEHIND, RECHECK_SECONDS, KernelEvidence, decision, expired,
-                                   trial_samples)
+from hf_spec.kernel_trials import (DISCOUNT, EARLY_CALLS, FAR_BEHIND, RECHECK_SECONDS, KernelEvidence, decision,
+                                   expired, running, timed_turn, trial_samples)
 
 
 @pytest.fixture(autouse=True)
@@ -21,6 +21,7 @@ def fresh_choices(monkeypatch):
         for name in ("_tables", "_trials", "_made", "_evidence"):
             monkeypatch.setattr(module, name, {})
     monkeypatch.setattr(attention_kernels, "_warmups", {})
+    monkeypatch.setattr(linear_kernels, "_warmups", linear_kernels.weakref.WeakKeyDictionary())
 
 
 def test_expired_takes_out_the_choices_older_than_the_recheck_age():
@@ -32,6 +33,61 @@ def test_a_decision_waits_for_every_share_and_keeps_the_default_on_a_close_call(
     assert decision({"a": [9, 1, 1], "b": [9, 2, 2]}, ("a", "b"), 3, "b", 0.1) == "a"  # 2x faster: a
     assert decision({"a": [9, 1.0, 1.0], "b": [9, 1.05, 1.05]}, ("a", "b"), 3, "b", 0.1) == "b"  # close: the default
     assert decision({"a": [9, 1, 1], "b": [9, 2]}, ("a", "b"), 3, "b", 0.1) is None  # b lacks its share
+
+
+class _FakeClock:
+    """``time`` for :mod:`hf_spec.kernel_trials`: each kernel's call advances it by that kernel's cost."""
+
+    def __init__(self, costs):
+        self.now, self.costs, self.calls = 0.0, costs, {kernel: 0 for kernel in costs}
+
+    def perf_counter(self):
+        return self.now
+
+    def run(self, kernel):
+        self.now += self.costs[kernel]
+        self.calls[kernel] += 1
+
+
+def _trial(monkeypatch, costs, default, share=8):
+    """One trial of ``costs``'s kernels on a fake clock to its decision: (choice, calls per kernel, evidence)."""
+    clock = _FakeClock(costs)
+    monkeypatch.setattr(kernel_trials, "time", clock)
+    samples, kernels, evidence = {k: [] for k in costs}, tuple(costs), KernelEvidence()
+    choice = None
+    while choice is None:
+        assert sum(clock.calls.values()) < 100
+        timed_turn(samples, kernels, clock.run)
+        choice = decision(samples, kernels, share, default, 0.1, evidence)
+    return choice, clock.calls, evidence
+
+
+def test_a_kernel_far_behind_in_its_early_calls_stops_taking_turns_in_that_trial(monkeypatch):
+    # as SmolLM2's head over 4 rows in float32 on a Zen 1 (ms): the default F.linear 22.9, packed 18.4, transposed 8.5
+    choice, calls, evidence = _trial(monkeypatch, {"F.linear": 22.9, "packed": 18.4, "transposed": 8.5}, "F.linear")
+    assert choice == "transposed"
+    # the two slow ones ran their early calls only, and the lone survivor then ended the trial (not 8 calls each)
+    assert calls == {"F.linear": EARLY_CALLS + 1, "packed": EARLY_CALLS + 1, "transposed": EARLY_CALLS + 1}
+    # their calls still joined the evidence
+    assert evidence.ratio("transposed") == pytest.approx(8.5 / 22.9)
+    assert evidence.ratio("packed") == pytest.approx(18.4 / 22.9)
+    # kernels within FAR_BEHIND of each other all run their whole share
+    choice, calls, _ = _trial(monkeypatch, {"F.linear": 1.0, "packed": 1.2, "transposed": 0.8}, "F.linear")
+    assert choice == "transposed" and calls == {"F.linear": 8, "packed": 8, "transposed": 8}
+    # one far behind of three: the other two decide on their whole share
+    choice, calls, _ = _trial(monkeypatch, {"F.linear": 1.0, "packed": 1.1, "transposed": 2.0}, "F.linear")
+    assert choice == "F.linear" and calls == {"F.linear": 8, "packed": 8, "transposed": EARLY_CALLS + 1}
+
+
+def test_no_kernel_stops_before_its_early_calls_or_on_one_slow_call():
+    early = [9.0] + [1.0] * EARLY_CALLS  # a first call, then the early ones
+    too_soon = {"a": early[:-1], "b": [9.0] + [2.0] * (EARLY_CALLS - 1)}  # 2x behind, one early call short
+    assert running(too_soon, ("a", "b")) == ("a", "b")
+    stall = {"a": early, "b": early[:2] + [5.0] + early[3:]}  # one stall among b's calls: its median holds
+    assert running(stall, ("a", "b")) == ("a", "b")
+    behind = {"a": early, "b": [9.0] + [FAR_BEHIND * 1.05] * EARLY_CALLS}
+    assert running(behind, ("a", "b")) == ("a",)
+    assert decision(behind, ("a", "b"), 8, "b", 0.1) == "a"  # the lone survivor decides at once
 
 
 def test_one_slow_trial_does_not_overturn_the_evidence_but_a_lasting_change_does():

@@ -24,6 +24,7 @@ def fresh_choices(monkeypatch):
     monkeypatch.setattr(linear_kernels, "_made", {})
     monkeypatch.setattr(linear_kernels, "_evidence", {})
     monkeypatch.setattr(linear_kernels, "_packed", linear_kernels.weakref.WeakKeyDictionary())
+    monkeypatch.setattr(linear_kernels, "_warmups", linear_kernels.weakref.WeakKeyDictionary())
 
 
 def packs() -> bool:
@@ -101,6 +102,26 @@ def test_the_call_that_packs_a_weight_is_not_timed():
         assert linear_kernels._packed[layer][1] is not None and not any(linear_kernels._trials.get(key, {}).values())
         layer(torch.randn(1, 32))
         assert sum(map(len, linear_kernels._trials[key].values())) == 1
+
+
+def test_a_row_count_warms_up_once_per_process_through_the_nearest_row_counts_choice(monkeypatch):
+    """A large weight called once per forward (an LM head) would otherwise run its slowest kernel in the first calls of
+    every block, for every row count not yet chosen."""
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 64, bias=False)
+    base = ((64, 32), torch.float32, torch.get_num_threads())
+    linear_kernels._tables[base] = {1: "F.linear", 4: "transposed"}
+    ran = []
+    transposed = linear_kernels._transposed
+    monkeypatch.setattr(linear_kernels, "_transposed", lambda x2, *rest: ran.append(len(x2)) or transposed(x2, *rest))
+    x = torch.randn(3, 32)
+    with torch.no_grad(), few_row_linears(layer):
+        for _ in range(linear_kernels.WARMUP_CALLS):
+            torch.testing.assert_close(layer(x), x @ layer.weight.t())
+    assert ran == [3] * linear_kernels.WARMUP_CALLS and not linear_kernels._trials  # warm-ups on 4 rows' choice
+    with torch.no_grad(), few_row_linears(layer):
+        layer(x)
+    assert (base, 3) in linear_kernels._trials  # the next block goes on with the trial: no second warm-up
 
 
 def test_packing_stops_at_the_memory_share(monkeypatch):
