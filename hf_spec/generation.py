@@ -168,7 +168,7 @@ def speculative_decode(
     # few-query attention runs the kernel measured fastest (not under a static cache, whose forwards may be compiled)
     kernels = contextlib.ExitStack()
     if not wants_static_cache(generation_config):
-        kernels.enter_context(few_row_linears(model, drafter))
+        kernels.enter_context(few_row_linears(model, drafter, *drafter.decoding_modules()))
         kernels.enter_context(few_query_attention(model.device))
     with compat.tree_attention(model.device), kernels:
         output, stats = decode(model, input_ids, logits_processor, stopping_criteria, generation_config,

@@ -59,6 +59,39 @@ def test_greedy_with_a_draft_vocabulary_equals_plain_generate():
         assert drafter.last_generation_stats.tau > 1.5  # drafts inside the vocabulary are still accepted
 
 
+def test_the_draft_head_runs_through_the_few_row_kernels(monkeypatch):
+    """The copy of the head's rows at the draft ids is not a submodule of the drafter, yet decoding multiplies it
+    at every drafting step: generate() hands it to few_row_linears with the drafter (greedy output unchanged)."""
+    from hf_spec import linear_kernels
+
+    target, drafter = vocab_pair("llama", size=40)
+    shapes = []
+    transposed = linear_kernels._transposed
+    monkeypatch.setattr(linear_kernels, "_transposed",
+                        lambda x2, weight, bias: shapes.append(tuple(weight.shape)) or transposed(x2, weight, bias))
+    prompt = random_prompt(10, seed=1)
+    expected = plain_generate(target, prompt, max_new_tokens=24, do_sample=False)
+    with linear_kernels.forced_kernel("transposed"):
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=24, do_sample=False)
+    assert torch.equal(out, expected)
+    assert (40, target.config.hidden_size) in shapes
+    assert drafter.decoding_modules() == (drafter.draft_head().linear,)
+    assert "forward" not in drafter.draft_head().linear.__dict__  # restored after the call
+    # without a draft vocabulary the drafter multiplies the target's own head: decoding runs the module (whose
+    # kernel few_row_linears chose), training a detached copy of its weight
+    full = copy.deepcopy(oracle_pair("llama")[1]).bind(target)
+    hidden = torch.randn(3, target.config.hidden_size, requires_grad=True)
+    shapes.clear()
+    with linear_kernels.few_row_linears(target), linear_kernels.forced_kernel("transposed"):
+        with torch.no_grad():
+            decoding = full.lm_logits(hidden)
+        assert shapes == [tuple(target.lm_head.weight.shape)]
+        full.lm_logits(hidden).sum().backward()
+    assert shapes == [tuple(target.lm_head.weight.shape)] and hidden.grad is not None
+    assert target.lm_head.weight.grad is None
+    torch.testing.assert_close(decoding, target.lm_head(hidden).detach())
+
+
 def test_batched_greedy_with_a_draft_vocabulary_equals_plain_generate():
     target, drafter = vocab_pair("llama", size=40)
     prompts = torch.cat([random_prompt(8, seed=3), random_prompt(8, seed=4)])

@@ -284,8 +284,11 @@ class SpecDrafterModel(PreTrainedModel):
             return embedding(input_ids)
 
     def lm_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The target's (frozen) LM head; gradients flow to ``hidden_states`` only."""
+        """The target's (frozen) LM head; gradients flow to ``hidden_states`` only. Without autograd (decoding) the
+        head module itself runs, so that it takes the few-row kernel chosen for it (:func:`hf_spec.few_row_linears`)."""
         _, lm_head = self._require_bound()
+        if not torch.is_grad_enabled():
+            return lm_head(hidden_states)
         bias = lm_head.bias.detach() if getattr(lm_head, "bias", None) is not None else None
         return F.linear(hidden_states, lm_head.weight.detach(), bias)
 
@@ -338,6 +341,12 @@ class SpecDrafterModel(PreTrainedModel):
         if self._draft_head is None or self._draft_head[0] != key:
             self._draft_head = (key, draft_vocab.DraftHead(weight, getattr(lm_head, "bias", None), self.draft_ids))
         return self._draft_head[1]
+
+    def decoding_modules(self) -> tuple[torch.nn.Module, ...]:
+        """Modules the drafter runs while decoding that are not its submodules: with a draft vocabulary, the copy of
+        the head's rows at the draft ids (:meth:`draft_head`). ``generate()`` runs them through the few-row kernels
+        with the drafter's own layers (:func:`hf_spec.few_row_linears`)."""
+        return (self.draft_head().linear,) if self.has_draft_vocab else ()
 
     def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary (..., D) (the full head (..., V) without one); gradients flow

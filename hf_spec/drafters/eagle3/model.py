@@ -108,6 +108,10 @@ class Eagle3Drafter(SpecDrafterModel):
         h = hidden_states.to(self.fc.weight.dtype)
         return self.fc(h) if h.shape[-1] == self.fc.in_features else h
 
+    def decoding_modules(self) -> tuple[nn.Module, ...]:
+        """Nothing: the draft head is the drafter's own ``lm_head``, a submodule."""
+        return ()
+
     def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The drafter's own head: ``lm_head(norm(hidden))`` (..., D) (D = V without a draft vocabulary)."""
         return self.lm_head(self.norm(hidden_states))
