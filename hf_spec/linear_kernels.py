@@ -9,6 +9,11 @@ and in bf16 to oneDNN, which reorders the weight into its blocked layout on ever
   float32) the one-row product ran in a matrix-vector kernel on one core; written this way it took 158 us instead of
   312 through a 1536x576 weight and 5.0 ms instead of 10.3 through SmolLM2-135M's 49,152-row head, and a plain
   float32 step of SmolLM2-135M went from 58 to 33 ms (benchmarks/few_row_kernels);
+- ``padded``: ``W @ x.T`` over the rows padded with zero rows to the next power of two. The BLAS's matrix-matrix
+  kernels work in blocks of rows, and a row count between two blocks can cost more than the next block: on a 2-core
+  AMD EPYC (Zen 1, float32) a SmolLM2-135M forward over 3 tokens took 88 ms through ``W @ x.T`` and 81 padded to 4,
+  its LM head 10.5 ms against 7.8 (over 5 rows padding to 8 lost: 104 against 88, so it is measured, like the others;
+  row counts that are powers of two have nothing to pad and leave it out);
 - ``packed``: the weight packed once (kept for the process while it pays, as torch's compiler freezes linear layers;
   :func:`hf_spec.compat.pack_linear_weight`), then multiplied without the per-call packing: in bf16 into oneDNN's
   layout (on that EPYC a SmolLM2-135M forward over 1 token went from 42 to 34 ms and over 8 tokens from 46 to 34, with
@@ -48,7 +53,7 @@ from .kernel_trials import ForcedKernel, KernelEvidence, decision, expired, time
 __all__ = ["KERNELS", "MAX_ROWS", "MIN_GAIN", "PACK_MEMORY_SHARE", "TRIAL_CALLS", "WARMUP_CALLS", "few_row_linears",
            "forced_kernel", "kernel_choices", "weights_packed"]  # fmt: skip
 
-KERNELS = ("F.linear", "transposed", "packed")
+KERNELS = ("F.linear", "transposed", "padded", "packed")
 """The kernels a few-row call may run (module docstring); ``F.linear`` is the default."""
 MAX_ROWS = 16
 """Row counts above this always use ``F.linear`` (a matrix product of many rows has no slow few-row kernel)."""
@@ -61,9 +66,10 @@ slower for reasons of their own (memory touched for the first time), and there, 
 product measured up to twice its later cost and lost choices it wins from the third step on. They run the kernel
 chosen for the nearest row count of the shape, if any (``F.linear`` can be the slowest by far: SmolLM2-135M's
 49,152-row head over 5 rows took 25 ms through it against 10 transposed on a Zen 1 in float32)."""
-TRIAL_CALLS = 24
-"""Calls of one weight shape with one row count that run on trial (in turns, as many with each kernel) before the
-choice: a model's 30 layers of one shape settle it within a forward or two, its LM head within 24."""
+TRIAL_CALLS = 32
+"""Calls of one weight shape with one row count that run on trial (in turns, as many with each kernel: 8) before the
+choice: a model's 30 layers of one shape settle it within a forward or two, its LM head within 32 (fewer where a
+kernel falls far behind, :data:`~hf_spec.kernel_trials.EARLY_CALLS`)."""
 PACK_MEMORY_SHARE = 0.5
 """Packed copies of weights may take at most this share of the memory that was free before they were made; past it
 a layer keeps the other two kernels."""
@@ -102,16 +108,27 @@ def forced_kernel(kernel: str):
     return _forced(kernel)
 
 
-def _transposed(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear`` of the (rows, K) input as ``W @ x.T`` (a single row padded with a zero row, so the BLAS takes
-    its matrix-matrix kernel), returned as a contiguous (rows, N)."""
+def _transposed(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad_to: int = 2) -> torch.Tensor:
+    """``F.linear`` of the (rows, K) input as ``W @ x.T`` over the rows padded with zero rows to at least ``pad_to``
+    (a single row to two, so the BLAS takes its matrix-matrix kernel), returned as a contiguous (rows, N)."""
     rows = x2.shape[0]
-    if rows == 1:
-        x2 = torch.cat([x2, x2.new_zeros(1, x2.shape[1])])
+    if rows < pad_to:
+        x2 = torch.cat([x2, x2.new_zeros(pad_to - rows, x2.shape[1])])
     else:
         x2 = x2.contiguous()
     out = torch.mm(weight, x2.t())[:, :rows].t().contiguous()
     return out if bias is None else out.add_(bias)
+
+
+def _padded_rows(rows: int) -> int:
+    """The rows of the ``padded`` kernel's product: the next power of two (at least 2)."""
+    return max(2, 1 << (rows - 1).bit_length())
+
+
+def _kernels(rows: int) -> tuple[str, ...]:
+    """The kernels a call of ``rows`` rows may run: ``padded`` only where it pads more than ``transposed`` does (not
+    at 1, 2, 4, 8 or 16 rows, where the two are one product)."""
+    return KERNELS if _padded_rows(rows) > max(rows, 2) else tuple(k for k in KERNELS if k != "padded")
 
 
 def _free_memory() -> int | None:
@@ -168,6 +185,8 @@ def _run(kernel: str, layer: nn.Linear, x2: torch.Tensor) -> torch.Tensor:
     """``F.linear`` of the (rows, K) input through ``kernel`` (``packed`` without a packed weight: ``F.linear``)."""
     if kernel == "transposed":
         return _transposed(x2, layer.weight, layer.bias)
+    if kernel == "padded":
+        return _transposed(x2, layer.weight, layer.bias, _padded_rows(x2.shape[0]))
     if kernel == "packed":
         packed = _packed_weight(layer)
         if packed is not None:
@@ -184,7 +203,7 @@ def _trial(base: tuple, rows: int, table: dict, layer: nn.Linear, x2: torch.Tens
     kernel timed right after it measured faster than it runs, and the trial chose the packed weight where the
     transposed product was 1.4x faster)."""
     key = (base, rows)
-    samples = trial_samples(_trials, _evidence, key, KERNELS, "F.linear")
+    samples = trial_samples(_trials, _evidence, key, _kernels(rows), "F.linear")
     if samples is None:  # the others are far behind and sit this trial out
         table[rows], _made[key] = "F.linear", time.perf_counter()
         return torch.nn.functional.linear(x2, layer.weight, layer.bias)

@@ -124,6 +124,26 @@ def test_a_row_count_warms_up_once_per_process_through_the_nearest_row_counts_ch
     assert (base, 3) in linear_kernels._trials  # the next block goes on with the trial: no second warm-up
 
 
+def test_the_padded_product_pads_to_the_next_power_of_two_and_runs_only_where_it_pads(monkeypatch):
+    """A BLAS works in blocks of rows: 3 rows can cost more than 4 (module docstring). The padded product multiplies
+    the rows and zero rows up to the next power of two, and joins the trials of row counts it pads."""
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 64, bias=True)
+    multiplied = []
+    monkeypatch.setattr(linear_kernels.torch, "mm", lambda a, b: multiplied.append(b.shape[1]) or a @ b)
+    with torch.no_grad(), few_row_linears(layer):
+        with forced_kernel("padded"):
+            for rows in (1, 3, 4, 5, 9):
+                x = torch.randn(rows, 32)
+                torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.weight, layer.bias))
+        assert multiplied == [2, 4, 4, 8, 16]
+        for _ in range(linear_kernels.WARMUP_CALLS + 2):
+            layer(torch.randn(3, 32))
+            layer(torch.randn(4, 32))
+    base = ((64, 32), torch.float32, torch.get_num_threads())
+    assert "padded" in linear_kernels._trials[(base, 3)] and "padded" not in linear_kernels._trials[(base, 4)]
+
+
 def test_packing_stops_at_the_memory_share(monkeypatch):
     torch.manual_seed(0)
     small, large = nn.Linear(16, 16, bias=False), nn.Linear(16, 4096, bias=False)
