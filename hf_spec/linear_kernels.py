@@ -72,7 +72,7 @@ choice: a model's 30 layers of one shape settle it within a forward or two, its 
 kernel falls far behind, :data:`~hf_spec.kernel_trials.EARLY_CALLS`)."""
 PACK_MEMORY_SHARE = 0.5
 """Packed copies of weights may take at most this share of the memory that was free before they were made; past it
-a layer keeps the other two kernels."""
+a layer keeps the other kernels."""
 _tables: dict[tuple, dict[int, str]] = {}
 """(weight shape, dtype, threads) -> {rows: the kernel chosen}, for this process."""
 _trials: dict[tuple, dict[str, list[float]]] = {}
