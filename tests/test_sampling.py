@@ -25,7 +25,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 import hf_spec
 from conftest import make_target, random_prompt, train_drafter_on_outputs
 from hf_spec.attention_kernels import forced_attention
-from hf_spec.linear_kernels import forced_kernel
+from hf_spec.linear_kernels import KERNELS, forced_kernel
 
 VOCAB = 16
 NEW_TOKENS = 3
@@ -160,7 +160,7 @@ def test_sampled_distribution_equals_target(kind, shape, warp, rows):
         assert tau > 1.5  # drafts are really accepted, so the accept path is exercised
 
 
-@pytest.mark.parametrize("linear_kernel", ["transposed", "packed"])
+@pytest.mark.parametrize("linear_kernel", [kernel for kernel in KERNELS if kernel != "F.linear"])
 def test_sampled_distribution_equals_target_with_the_other_kernels_forced(linear_kernel):
     """The CPU kernels the trials may choose instead of ``F.linear`` and SDPA (:mod:`hf_spec.linear_kernels`,
     :mod:`hf_spec.attention_kernels`) keep the sampled law exact: every few-row product and few-query attention of
