@@ -4,15 +4,16 @@
 cached prefix, followed by the target's LM head over all ``n`` rows (verification computes every node's logits in
 one matmul), median of repeats, for each ``n`` asked for.
 
-:func:`verify_cost_curve` is that curve for a target at :data:`VERIFY_CURVE_SIZES`, measured once (a few seconds
-on a CPU) and cached in this process and in ``$HF_SPEC_CACHE/verify_costs/``. It depends on the machine, threads,
-device, dtype and the target's shape, not on any drafter. ``hf-spec tune`` predicts shapes with it.
+:func:`verify_cost_curve` is that curve for a target at :data:`VERIFY_CURVE_SIZES`, measured once (on a CPU tens
+of seconds, more for larger targets: 25 s for SmolLM2-135M in float32 on 2 cores) and cached in this process and in
+``$HF_SPEC_CACHE/verify_costs/``. It depends on the machine, threads, device, dtype and the target's shape, not on any
+drafter. ``hf-spec tune`` predicts shapes with it.
 
 Decoding uses it only as a prior: :func:`verify_costs` is the process's :class:`VerifyCosts` for a target, the curve
 corrected by the decoding loop's own measured verifications (each one-row cycle reports its tree size and wall
 time, but a forward that packed a weight: :func:`hf_spec.linear_kernels.weights_packed`). Drafters that size their
 trees per cycle (:class:`~hf_spec.NGramDrafter`, the n-gram branches and cost gate of the trained drafters) weigh
-a node's acceptance against its :meth:`VerifyCosts.curve` when a call starts. Why: a few seconds of timing in a
+a node's acceptance against its :meth:`VerifyCosts.curve` when a call starts. Why: one timing of a
 drifting machine, once per process, gave curves whose node costs differed enough that one process grafted no n-gram
 nodes into EAGLE's two-token trees and another up to ten; and a forward timed apart from decoding is not what
 decoding pays (on a 2-core EPYC in float32, 6 tree tokens cost 1.6x a plain step inside ``generate()``).
@@ -124,14 +125,15 @@ def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeat
 def verify_cost_curve(model) -> dict[int, float]:
     """This machine's verification cost curve for ``model``: ``{n: ms of one target forward of n tree tokens
     + the LM head over them}`` at :data:`VERIFY_CURVE_SIZES` (7 rounds, median, made non-decreasing), from this
-    process's memory, else ``$HF_SPEC_CACHE/verify_costs/``, else measured (a few seconds on a CPU) and cached."""
+    process's memory, else ``$HF_SPEC_CACHE/verify_costs/``, else measured (tens of seconds on a CPU) and cached."""
     key = json.dumps(_machine_and_target(model), sort_keys=True, default=str)
     if key in _curves:
         return _curves[key]
     path = cache_dir() / "verify_costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
     curve = _read_cached(path, key)
     if not curve:
-        logger.warning("hf-spec: timing this machine's verification of 1-%d tokens once (cached in %s)",
+        logger.warning("hf-spec: timing this machine's verification of 1-%d tokens once for this target, dtype and "
+                       "thread count (on a CPU tens of seconds, minutes for a 1B target; cached in %s)",
                        VERIFY_CURVE_SIZES[-1], path.parent)  # fmt: skip
         with torch.inference_mode():
             curve = non_decreasing(measure_verify_cost(model, VERIFY_CURVE_SIZES, prefix_length=256, repeats=7))
