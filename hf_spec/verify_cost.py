@@ -133,7 +133,7 @@ def verify_cost_curve(model) -> dict[int, float]:
     curve = _read_cached(path, key)
     if not curve:
         logger.warning("hf-spec: timing this machine's verification of 1-%d tokens once for this target, dtype and "
-                       "thread count (on a CPU tens of seconds, minutes for a 1B target; cached in %s)",
+                       "thread count (on a CPU tens of seconds, longer for larger targets; cached in %s)",
                        VERIFY_CURVE_SIZES[-1], path.parent)  # fmt: skip
         with torch.inference_mode():
             curve = non_decreasing(measure_verify_cost(model, VERIFY_CURVE_SIZES, prefix_length=256, repeats=7))
