@@ -50,8 +50,8 @@ from torch import nn
 from . import compat
 from .kernel_trials import ForcedKernel, KernelEvidence, decision, expired, timed_turn, trial_samples
 
-__all__ = ["KERNELS", "MAX_ROWS", "MIN_GAIN", "PACK_MEMORY_SHARE", "TRIAL_CALLS", "WARMUP_CALLS", "few_row_linears",
-           "forced_kernel", "kernel_choices", "weights_packed"]  # fmt: skip
+__all__ = ["KERNELS", "MAX_ROWS", "MIN_GAIN", "PACK_MEMORY_SHARE", "TRIAL_CALLS", "WARMUP_CALLS", "chosen_kernel",
+           "few_row_linears", "forced_kernel", "kernel_choices", "weights_packed"]  # fmt: skip
 
 KERNELS = ("F.linear", "transposed", "padded", "packed")
 """The kernels a few-row call may run (module docstring); ``F.linear`` is the default."""
@@ -100,6 +100,12 @@ def kernel_choices() -> dict[str, str]:
     """What this process chose so far: ``{"NxK dtype threads rows": kernel}`` (one of :data:`KERNELS`)."""
     return {f"{shape[0]}x{shape[1]} {str(dtype).removeprefix('torch.')} {threads} threads {rows} rows": kernel
             for (shape, dtype, threads), table in _tables.items() for rows, kernel in sorted(table.items())}  # fmt: skip
+
+
+def chosen_kernel(layer: nn.Linear, rows: int) -> str | None:
+    """The kernel this process runs for ``layer``'s weight shape and dtype with ``rows`` rows at the current thread
+    count (one of :data:`KERNELS`), None while none is chosen (its calls still warming up or on trial)."""
+    return _tables.get((tuple(layer.weight.shape), layer.weight.dtype, torch.get_num_threads()), {}).get(rows)
 
 
 def forced_kernel(kernel: str):

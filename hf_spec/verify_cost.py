@@ -5,9 +5,9 @@ cached prefix, followed by the target's LM head over all ``n`` rows (verificatio
 one matmul), median of repeats, for each ``n`` asked for.
 
 :func:`verify_cost_curve` is that curve for a target at :data:`VERIFY_CURVE_SIZES`, measured once (on a CPU tens
-of seconds, more for larger targets: 25 s for SmolLM2-135M in float32 on 2 cores) and cached in this process and in
-``$HF_SPEC_CACHE/verify_costs/``. It depends on the machine, threads, device, dtype and the target's shape, not on any
-drafter. ``hf-spec tune`` predicts shapes with it.
+of seconds, more for larger targets: on a 2-core AMD EPYC in float32 19 s for SmolLM2-135M, 134 s for a 1B-parameter
+Llama) and cached in this process and in ``$HF_SPEC_CACHE/verify_costs/``. It depends on the machine, threads,
+device, dtype and the target's shape, not on any drafter. ``hf-spec tune`` predicts shapes with it.
 
 Decoding uses it only as a prior: :func:`verify_costs` is the process's :class:`VerifyCosts` for a target, the curve
 corrected by the decoding loop's own measured verifications (each one-row cycle reports its tree size and wall
@@ -40,7 +40,7 @@ from . import compat
 from .attention_kernels import few_query_attention
 from .cache import crop_to
 from .hardware import cpu_flags, machine_info
-from .linear_kernels import MAX_ROWS, TRIAL_CALLS, WARMUP_CALLS, few_row_linears
+from .linear_kernels import MAX_ROWS, TRIAL_CALLS, WARMUP_CALLS, chosen_kernel, few_row_linears
 from .resources import cache_dir
 from .shape_select import interpolate_cost, non_decreasing
 from .timing import timed
@@ -48,8 +48,8 @@ from .tree.tree import DraftTree
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CACHE_FORMAT", "VERIFY_CURVE_SIZES", "VerifyCosts", "live_verify_costs", "measure_verify_cost",
-           "verify_cost_curve", "verify_costs"]
+__all__ = ["CACHE_FORMAT", "LARGE_SIZE_REPEATS", "VERIFY_CURVE_SIZES", "VerifyCosts", "live_verify_costs",
+           "measure_verify_cost", "verify_cost_curve", "verify_costs"]
 
 CACHE_FORMAT = 6
 """Version of a cached curve's JSON (2: 7 timed rounds on a 256-token prefix, made non-decreasing; 3: verification
@@ -61,20 +61,31 @@ VERIFY_CURVE_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 few-token forward is a step function, not a line (a CPU's float32 GEMM changes kernels at a few rows: on a 2-core
 Xeon, SmolLM2-135M, 3 tokens cost 1.11x one and 4 tokens 1.49x; interpolating 3 between 2 and 4 priced a
 two-node tree 1.23x). The n-gram tries and the cost gate are sized by it, so it is where they decide most."""
+LARGE_SIZE_REPEATS = 3
+"""Timed rounds of the curve's sizes above :data:`~hf_spec.linear_kernels.MAX_ROWS` (the small sizes get 7). They
+are most of a round's time (on a 2-core Zen 1 in float32, 55% for SmolLM2-135M and 64% for a 1B target), a forward
+of many rows takes long against the machine's jitter, and decoding verifies such trees rarely (copy tries, the top
+rung of a ladder) and measures each size it verifies (:class:`VerifyCosts`). Their median of 3 rounds read within
+0-1.2% (SmolLM2-135M) and 0.6-4.6% (1B) of the median of 7, where the small sizes' read within up to 3.3% and
+6.0%."""
 _curves: dict = {}
 """Verification cost curves measured or read in this process, by key."""
 
 
 @torch.inference_mode()
-def measure_verify_cost(model, sizes: Sequence[int], prefix_length: int = 256, repeats: int = 7, seed: int = 0):
+def measure_verify_cost(model, sizes: Sequence[int], prefix_length: int = 256, repeats: int = 7, seed: int = 0,
+                        large_repeats: int | None = None):  # fmt: skip
     """``{n: ms of one target forward of n tree tokens on a cached prefix + the LM head over the n rows}``: the
-    sizes are timed in turns, ``repeats`` rounds; when 1 is among ``sizes``, each size is the median of its ratio
-    to one token in the same round times one token's median, else its own median."""
+    sizes are timed in turns, ``repeats`` rounds (the sizes above :data:`~hf_spec.linear_kernels.MAX_ROWS` only in
+    the first ``large_repeats``, if given); when 1 is among ``sizes``, each size is the median of its ratio to one
+    token in the same round times one token's median, else its own median."""
+    large_repeats = repeats if large_repeats is None else min(large_repeats, repeats)
     with compat.tree_attention(model.device), few_row_linears(model), few_query_attention(model.device):  # as decoding
-        return _measure_verify_cost(model, sizes, prefix_length, repeats, seed)
+        return _measure_verify_cost(model, sizes, prefix_length, repeats, large_repeats, seed)
 
 
-def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeats: int, seed: int):
+def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeats: int, large_repeats: int,
+                         seed: int):  # fmt: skip
     device = model.device
     vocab = model.config.get_text_config().vocab_size
     g = torch.Generator().manual_seed(seed)
@@ -88,11 +99,12 @@ def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeat
     head = model.get_output_embeddings()
     # Round 0 warms up. On a CPU the few-row sizes first run each layer's untimed calls (WARMUP_CALLS rounds before
     # it), and round 0 then settles their kernel choices as decoding would: one forward settles the 30 layers of a
-    # shape; the LM head, one call per forward, gets its TRIAL_CALLS calls on the round's own hidden state.
+    # shape; the LM head, one call per forward, gets up to TRIAL_CALLS calls on the round's own hidden state, until
+    # its choice is made.
     few_row = device.type == "cpu"
     for r in range(-WARMUP_CALLS if few_row else 0, repeats + 1):
         for n in sizes:
-            if r < 0 and n > MAX_ROWS:
+            if (r < 0 or r > large_repeats) and n > MAX_ROWS:
                 continue
             tree = trees[n]
 
@@ -112,6 +124,8 @@ def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeat
                 samples[n].append(ms)
             elif r == 0 and few_row and n <= MAX_ROWS:
                 for _ in range(TRIAL_CALLS):
+                    if chosen_kernel(head, n) is not None:
+                        break
                     head(hidden)
     if 1 not in samples:
         return {n: statistics.median(v) for n, v in samples.items()}
@@ -124,8 +138,9 @@ def _measure_verify_cost(model, sizes: Sequence[int], prefix_length: int, repeat
 
 def verify_cost_curve(model) -> dict[int, float]:
     """This machine's verification cost curve for ``model``: ``{n: ms of one target forward of n tree tokens
-    + the LM head over them}`` at :data:`VERIFY_CURVE_SIZES` (7 rounds, median, made non-decreasing), from this
-    process's memory, else ``$HF_SPEC_CACHE/verify_costs/``, else measured (tens of seconds on a CPU) and cached."""
+    + the LM head over them}`` at :data:`VERIFY_CURVE_SIZES` (median of 7 rounds, of :data:`LARGE_SIZE_REPEATS` above
+    16 tokens, made non-decreasing), from this process's memory, else ``$HF_SPEC_CACHE/verify_costs/``, else measured
+    (tens of seconds on a CPU) and cached."""
     key = json.dumps(_machine_and_target(model), sort_keys=True, default=str)
     if key in _curves:
         return _curves[key]
@@ -136,7 +151,8 @@ def verify_cost_curve(model) -> dict[int, float]:
                        "thread count (on a CPU tens of seconds, longer for larger targets; cached in %s)",
                        VERIFY_CURVE_SIZES[-1], path.parent)  # fmt: skip
         with torch.inference_mode():
-            curve = non_decreasing(measure_verify_cost(model, VERIFY_CURVE_SIZES, prefix_length=256, repeats=7))
+            curve = non_decreasing(measure_verify_cost(model, VERIFY_CURVE_SIZES, prefix_length=256, repeats=7,
+                                                       large_repeats=LARGE_SIZE_REPEATS))  # fmt: skip
         _write_cached(path, {"format": CACHE_FORMAT, "key": key, "verify_ms": {str(n): ms for n, ms in curve.items()}})
     _curves[key] = curve
     return curve

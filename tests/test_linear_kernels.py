@@ -12,7 +12,7 @@ from torch import nn
 import hf_spec
 from conftest import assert_greedy_is_plain_generate, make_target, plain_generate, random_prompt
 from hf_spec import linear_kernels
-from hf_spec.linear_kernels import KERNELS, few_row_linears, forced_kernel, kernel_choices
+from hf_spec.linear_kernels import KERNELS, chosen_kernel, few_row_linears, forced_kernel, kernel_choices
 from test_batched import assert_batched_greedy_is_plain_generate
 
 
@@ -166,6 +166,8 @@ def test_the_choice_is_measured_per_row_count_then_kept_and_the_block_restores_e
         model(torch.randn(40, 32))  # above MAX_ROWS: F.linear, nothing measured
         choices = kernel_choices()
     assert set(choices) == {"64x32 float32 1 threads 1 rows", "32x64 float32 1 threads 1 rows"}
+    assert chosen_kernel(model[0], 1) == choices["64x32 float32 1 threads 1 rows"]
+    assert chosen_kernel(model[0], 2) is None and chosen_kernel(model[0], 40) is None  # never on trial
     assert set(choices.values()) <= set(KERNELS) and not linear_kernels._trials
     assert not any("forward" in layer.__dict__ for layer in model)
 

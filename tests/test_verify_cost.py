@@ -89,3 +89,30 @@ def test_forwards_that_packed_a_weight_are_neither_a_verification_cost_nor_a_con
     stats = drafter.last_generation_stats
     assert stats.verify_forwards > 1 and verify_cost.live_verify_costs(target).observations == 0
     assert stats.controller is not None and set(stats.controller["ms_per_token"].values()) == {None}
+
+
+def test_the_prior_times_every_small_size_in_every_round_and_the_large_ones_in_fewer(monkeypatch):
+    """measure_verify_cost on a real (tiny) target: the few-row sizes get their warm-up rounds, round 0 and every
+    timed round; a size above MAX_ROWS gets round 0 and ``large_repeats`` timed rounds; round 0 leaves the LM head's
+    kernel chosen for each few-row size (its trial calls stop there)."""
+    for table in ("_tables", "_trials", "_made", "_evidence"):  # measure the kernels from scratch
+        monkeypatch.setattr(linear_kernels, table, {})
+    monkeypatch.setattr(linear_kernels, "_warmups", linear_kernels.weakref.WeakKeyDictionary())
+    target = make_target("llama")
+    head = target.get_output_embeddings()
+    rows, head_calls, timed = [], [], verify_cost.timed
+
+    def recording(fn, device):
+        (hidden, logits), ms = timed(fn, device)
+        rows.append(hidden.shape[0])
+        return (hidden, logits), ms
+
+    monkeypatch.setattr(verify_cost, "timed", recording)
+    head.register_forward_hook(lambda module, args, out: head_calls.append(args[0].shape[0]))
+    large = linear_kernels.MAX_ROWS + 4
+    curve = verify_cost.measure_verify_cost(target, (1, 3, large), prefix_length=16, repeats=5, large_repeats=2)
+    small_forwards = linear_kernels.WARMUP_CALLS + 1 + 5
+    assert rows.count(1) == rows.count(3) == small_forwards and rows.count(large) == 1 + 2
+    assert set(curve) == {1, 3, large} and all(ms > 0 for ms in curve.values())
+    assert all(linear_kernels.chosen_kernel(head, n) in linear_kernels.KERNELS for n in (1, 3))
+    assert small_forwards < head_calls.count(1) <= small_forwards + linear_kernels.TRIAL_CALLS
