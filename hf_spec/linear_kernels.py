@@ -102,9 +102,12 @@ def kernel_choices() -> dict[str, str]:
             for (shape, dtype, threads), table in _tables.items() for rows, kernel in sorted(table.items())}  # fmt: skip
 
 
-def chosen_kernel(layer: nn.Linear, rows: int) -> str | None:
+def chosen_kernel(layer: nn.Module, rows: int) -> str | None:
     """The kernel this process runs for ``layer``'s weight shape and dtype with ``rows`` rows at the current thread
-    count (one of :data:`KERNELS`), None while none is chosen (its calls still warming up or on trial)."""
+    count (one of :data:`KERNELS`), None while none is chosen (its calls still warming up or on trial) and for a
+    module that is not an ``nn.Linear`` (:func:`few_row_linears` leaves those alone)."""
+    if type(layer) is not nn.Linear:
+        return None
     return _tables.get((tuple(layer.weight.shape), layer.weight.dtype, torch.get_num_threads()), {}).get(rows)
 
 

@@ -168,6 +168,7 @@ def test_the_choice_is_measured_per_row_count_then_kept_and_the_block_restores_e
     assert set(choices) == {"64x32 float32 1 threads 1 rows", "32x64 float32 1 threads 1 rows"}
     assert chosen_kernel(model[0], 1) == choices["64x32 float32 1 threads 1 rows"]
     assert chosen_kernel(model[0], 2) is None and chosen_kernel(model[0], 40) is None  # never on trial
+    assert chosen_kernel(model, 1) is None  # not a linear layer
     assert set(choices.values()) <= set(KERNELS) and not linear_kernels._trials
     assert not any("forward" in layer.__dict__ for layer in model)
 
