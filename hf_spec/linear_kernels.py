@@ -108,7 +108,12 @@ def chosen_kernel(layer: nn.Module, rows: int) -> str | None:
     module that is not an ``nn.Linear`` (:func:`few_row_linears` leaves those alone)."""
     if type(layer) is not nn.Linear:
         return None
-    return _tables.get((tuple(layer.weight.shape), layer.weight.dtype, torch.get_num_threads()), {}).get(rows)
+    return _tables.get(_shape_key(layer.weight, torch.get_num_threads()), {}).get(rows)
+
+
+def _shape_key(weight: torch.Tensor, threads: int) -> tuple:
+    """What a choice is kept per, besides the row count: (weight shape, dtype, threads)."""
+    return tuple(weight.shape), weight.dtype, threads
 
 
 def forced_kernel(kernel: str):
@@ -237,7 +242,7 @@ def _layer_forward(layer: nn.Linear, threads: int):
     """The ``forward`` that :func:`few_row_linears` gives ``layer``: few-row calls by the chosen kernel (or on trial);
     the common path is one dict lookup on top of ``F.linear`` (the 30 layers of a model share a table)."""
     weight, bias = layer.weight, layer.bias
-    base = (tuple(weight.shape), weight.dtype, threads)
+    base = _shape_key(weight, threads)
     table = _tables.setdefault(base, {})
     linear = torch.nn.functional.linear
 
@@ -267,7 +272,7 @@ def _release_unused_packs(layers: list[nn.Linear], threads: int) -> None:
     for layer in layers:
         if layer not in _packed:
             continue
-        base = (tuple(layer.weight.shape), layer.weight.dtype, threads)
+        base = _shape_key(layer.weight, threads)
         if "packed" not in _tables.get(base, {}).values() and not any(key[0] == base for key in _trials):
             del _packed[layer]
 

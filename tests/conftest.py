@@ -20,6 +20,7 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 
 import hf_spec
+from hf_spec import attention_kernels, linear_kernels
 from hf_spec.decoding import _Target
 from hf_spec.drafters.session import DraftingSession
 from hf_spec.training.losses import eagle_loss
@@ -156,6 +157,18 @@ def assert_greedy_is_plain_generate(family: str, block) -> None:
         out = target.generate(prompt, assistant_model=drafter, max_new_tokens=40, do_sample=False)
     assert torch.equal(out, expected)
     assert drafter.last_generation_stats.tau > 1.5
+
+
+@pytest.fixture
+def fresh_kernel_choices(monkeypatch):
+    """The CPU kernels measure from scratch: the process's linear and attention kernel choices, trials, evidence,
+    warm-up counts and packed weights are emptied for the test (they would otherwise carry over between tests)."""
+    for module in (linear_kernels, attention_kernels):
+        for name in ("_tables", "_trials", "_made", "_evidence"):
+            monkeypatch.setattr(module, name, {})
+    monkeypatch.setattr(attention_kernels, "_warmups", {})
+    monkeypatch.setattr(linear_kernels, "_warmups", linear_kernels.weakref.WeakKeyDictionary())
+    monkeypatch.setattr(linear_kernels, "_packed", linear_kernels.weakref.WeakKeyDictionary())
 
 
 @pytest.fixture(autouse=True)

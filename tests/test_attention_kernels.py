@@ -16,13 +16,7 @@ from hf_spec.tree.tree import additive_mask
 from test_batched import assert_batched_greedy_is_plain_generate
 
 
-@pytest.fixture(autouse=True)
-def fresh_choices(monkeypatch):
-    monkeypatch.setattr(attention_kernels, "_tables", {})
-    monkeypatch.setattr(attention_kernels, "_trials", {})
-    monkeypatch.setattr(attention_kernels, "_made", {})
-    monkeypatch.setattr(attention_kernels, "_evidence", {})
-    monkeypatch.setattr(attention_kernels, "_warmups", {})
+pytestmark = pytest.mark.usefixtures("fresh_kernel_choices")  # each test measures from scratch
 
 
 @pytest.fixture

@@ -15,13 +15,7 @@ from hf_spec.kernel_trials import (DISCOUNT, EARLY_CALLS, FAR_BEHIND, RECHECK_SE
                                    expired, running, timed_turn, trial_samples)
 
 
-@pytest.fixture(autouse=True)
-def fresh_choices(monkeypatch):
-    for module in (linear_kernels, attention_kernels):
-        for name in ("_tables", "_trials", "_made", "_evidence"):
-            monkeypatch.setattr(module, name, {})
-    monkeypatch.setattr(attention_kernels, "_warmups", {})
-    monkeypatch.setattr(linear_kernels, "_warmups", linear_kernels.weakref.WeakKeyDictionary())
+pytestmark = pytest.mark.usefixtures("fresh_kernel_choices")  # each test measures from scratch
 
 
 def test_expired_takes_out_the_choices_older_than_the_recheck_age():

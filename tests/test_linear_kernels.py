@@ -16,15 +16,7 @@ from hf_spec.linear_kernels import KERNELS, chosen_kernel, few_row_linears, forc
 from test_batched import assert_batched_greedy_is_plain_generate
 
 
-@pytest.fixture(autouse=True)
-def fresh_choices(monkeypatch):
-    """Each test measures from scratch (the process's tables would otherwise carry choices across tests)."""
-    monkeypatch.setattr(linear_kernels, "_tables", {})
-    monkeypatch.setattr(linear_kernels, "_trials", {})
-    monkeypatch.setattr(linear_kernels, "_made", {})
-    monkeypatch.setattr(linear_kernels, "_evidence", {})
-    monkeypatch.setattr(linear_kernels, "_packed", linear_kernels.weakref.WeakKeyDictionary())
-    monkeypatch.setattr(linear_kernels, "_warmups", linear_kernels.weakref.WeakKeyDictionary())
+pytestmark = pytest.mark.usefixtures("fresh_kernel_choices")  # each test measures from scratch
 
 
 def packs() -> bool:

@@ -91,13 +91,11 @@ def test_forwards_that_packed_a_weight_are_neither_a_verification_cost_nor_a_con
     assert stats.controller is not None and set(stats.controller["ms_per_token"].values()) == {None}
 
 
+@pytest.mark.usefixtures("fresh_kernel_choices")
 def test_the_prior_times_every_small_size_in_every_round_and_the_large_ones_in_fewer(monkeypatch):
     """measure_verify_cost on a real (tiny) target: the few-row sizes get their warm-up rounds, round 0 and every
     timed round; a size above MAX_ROWS gets round 0 and ``large_repeats`` timed rounds; round 0 leaves the LM head's
     kernel chosen for each few-row size (its trial calls stop there)."""
-    for table in ("_tables", "_trials", "_made", "_evidence"):  # measure the kernels from scratch
-        monkeypatch.setattr(linear_kernels, table, {})
-    monkeypatch.setattr(linear_kernels, "_warmups", linear_kernels.weakref.WeakKeyDictionary())
     target = make_target("llama")
     head = target.get_output_embeddings()
     rows, head_calls, timed = [], [], verify_cost.timed
